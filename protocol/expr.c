@@ -91,7 +91,8 @@ typedef struct parser {
 
 static void skip_ws(parser_t *p)
 {
-	while (p->s < p->end && (*p->s == ' ' || *p->s == '\t'))
+	while (p->s < p->end && (*p->s == ' ' || *p->s == '\t' ||
+				 *p->s == '\n' || *p->s == '\r'))
 		p->s++;
 }
 
@@ -121,6 +122,9 @@ static int mk(parser_t *p, kiln_expr_kind_t k, const kiln_expr_t *a,
 				      NULL);
 		return *out ? 0 : -ENOMEM;
 	}
+	if ((k == KILN_EX_FLOORDIV || k == KILN_EX_MOD) &&
+	    b->kind == KILN_EX_CONST && b->c == 0)
+		return perr(p, "division by zero");
 	if (++p->nodes > p->ctx->max_nodes)
 		return perr(p, "expression too large");
 	/* Canonical operand order for commutative ops: a constant first. */
@@ -374,6 +378,10 @@ static void fmt(const kiln_graph_t *g, const kiln_expr_t *e, outbuf_t *o,
 		put(o, "(");
 	switch (e->kind) {
 	case KILN_EX_CONST:
+		if (e->c == INT64_MIN) { /* not writable as one literal */
+			put(o, "(-9223372036854775807 - 1)");
+			break;
+		}
 		snprintf(tmp, sizeof(tmp), "%lld", (long long)e->c);
 		if (e->c < 0 && !paren)
 			put(o, "("), put(o, tmp), put(o, ")");
@@ -389,6 +397,9 @@ static void fmt(const kiln_graph_t *g, const kiln_expr_t *e, outbuf_t *o,
 	case KILN_EX_NEG:
 		put(o, "-");
 		fmt(g, e->a, o, 3, false);
+		break;
+	case KILN_EX_VAR:
+		snprintf(tmp, sizeof(tmp), "i%u", e->sym), put(o, tmp);
 		break;
 	case KILN_EX_MIN:
 	case KILN_EX_MAX:

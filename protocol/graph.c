@@ -19,14 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct dctx {
-	const kiln_limits_t *lim;
-	kiln_graph_t *g;
-	kiln__expr_ctx_t ex;
-	char *err;
-	size_t errlen;
-	char where[96]; /* "node 12 (aten.add.Tensor)" etc. */
-} dctx_t;
+typedef kiln__dctx_t dctx_t; /* internal.h; shared with artifact.c */
 
 #define FAIL(c, code, ...) fail_at((c), (code), __VA_ARGS__)
 
@@ -284,6 +277,8 @@ static int parse_spec(dctx_t *c, const msgpack_object *o, kiln_value_t *v)
 		kiln_dim_t s = {1, NULL};
 		for (uint32_t i = rank; i-- > 0;) {
 			v->strides[i] = s;
+			if (i == 0)
+				break; /* the element count is not a stride */
 			kiln_dim_t sz = v->sizes[i];
 			if (sz.e == NULL && sz.c == 0)
 				sz.c = 1; /* torch: max(size, 1) */
@@ -720,11 +715,19 @@ static int pack_dim(const kiln_graph_t *g, msgpack_packer *pk, kiln_dim_t d)
 {
 	if (d.e == NULL)
 		return msgpack_pack_int64(pk, d.c);
-	char buf[1024];
-	int n = kiln_expr_format(g, d.e, buf, sizeof(buf));
-	if (n < 0 || (size_t)n >= sizeof(buf))
+	char small[256];
+	int n = kiln_expr_format(g, d.e, small, sizeof(small));
+	if (n < 0)
 		return -1;
-	return msgpack_pack_str_with_body(pk, buf, (size_t)n);
+	if ((size_t)n < sizeof(small))
+		return msgpack_pack_str_with_body(pk, small, (size_t)n);
+	char *big = malloc((size_t)n + 1);
+	if (big == NULL)
+		return -1;
+	kiln_expr_format(g, d.e, big, (size_t)n + 1);
+	int rc = msgpack_pack_str_with_body(pk, big, (size_t)n);
+	free(big);
+	return rc;
 }
 
 static int pack_expr_str(const kiln_graph_t *g, msgpack_packer *pk,
@@ -843,4 +846,69 @@ int kiln_graph_pack(const kiln_graph_t *g, msgpack_packer *pk)
 	for (uint32_t i = 0; i < g->n_outputs; i++)
 		rc |= pack_arg(g, pk, &g->outputs[i]);
 	return rc ? -ENOMEM : 0;
+}
+
+/* ---- shared with artifact.c (declared in internal.h) -------------------- */
+
+bool kiln__valid_ident(const char *s, size_t n)
+{
+	return valid_ident(s, n);
+}
+
+bool kiln__valid_op_name(const char *s, size_t n)
+{
+	return valid_op_name(s, n);
+}
+
+int kiln__graph_parse_symbols(kiln__dctx_t *c, const msgpack_object *syms)
+{
+	return parse_symbols(c, syms);
+}
+
+int kiln__graph_parse_spec(kiln__dctx_t *c, const msgpack_object *o,
+			   kiln_value_t *v)
+{
+	return parse_spec(c, o, v);
+}
+
+int kiln__graph_parse_dim(kiln__dctx_t *c, const msgpack_object *o,
+			  const char *what, kiln_dim_t *out, bool nonneg)
+{
+	return parse_dimlike(c, o, what, out, nonneg);
+}
+
+int kiln__graph_parse_expr(kiln__dctx_t *c, const msgpack_object *o,
+			   const char *what, const kiln_expr_t **out)
+{
+	return parse_expr_obj(c, o, what, out);
+}
+
+int kiln__graph_parse_arg(kiln__dctx_t *c, const msgpack_object *o,
+			  uint32_t n_defined, kiln_arg_t *a, const char *what)
+{
+	return parse_arg(c, o, n_defined, a, what);
+}
+
+int kiln__graph_pack_dim(const kiln_graph_t *g, msgpack_packer *pk,
+			 kiln_dim_t d)
+{
+	return pack_dim(g, pk, d);
+}
+
+int kiln__graph_pack_expr(const kiln_graph_t *g, msgpack_packer *pk,
+			  const kiln_expr_t *e)
+{
+	return pack_expr_str(g, pk, e);
+}
+
+int kiln__graph_pack_spec(const kiln_graph_t *g, msgpack_packer *pk,
+			  const kiln_value_t *v)
+{
+	return pack_spec(g, pk, v);
+}
+
+int kiln__graph_pack_arg(const kiln_graph_t *g, msgpack_packer *pk,
+			 const kiln_arg_t *a)
+{
+	return pack_arg(g, pk, a);
 }

@@ -27,4 +27,50 @@ const kiln_expr_t *kiln__expr_new(kiln_arena_t *a, kiln_expr_kind_t k,
 int kiln__sym_find(const kiln_symbol_t *syms, uint32_t n, const char *s,
 		   size_t len);
 
+/*
+ * Graph v1 decoding pieces shared by graph.c and artifact.c (the artifact
+ * carries specs, symbols, expressions and fallback args in Graph v1's
+ * encoding). A decoding context: errors are written to err as
+ * "<where>: <reason>". `g` supplies the arena the results are allocated in
+ * and, once parsed, the symbol table (a stand-in kiln_graph_t is fine).
+ */
+typedef struct kiln__dctx {
+	const kiln_limits_t *lim;
+	kiln_graph_t *g;
+	kiln__expr_ctx_t ex;
+	char *err;
+	size_t errlen;
+	char where[96]; /* "node 12 (aten.add.Tensor)" etc. */
+} kiln__dctx_t;
+
+/* [A-Za-z_][A-Za-z0-9_]* */
+bool kiln__valid_ident(const char *s, size_t n);
+/* namespace.name(.overload)+ as GRAPH.md § Nodes */
+bool kiln__valid_op_name(const char *s, size_t n);
+/* The "symbols" map into c->g->symbols / n_symbols; sets c->ex's table. */
+int kiln__graph_parse_symbols(kiln__dctx_t *c, const msgpack_object *syms);
+/* A tensor spec {"dtype", "shape", "strides"?} into v (kind TENSOR). */
+int kiln__graph_parse_spec(kiln__dctx_t *c, const msgpack_object *o,
+			   kiln_value_t *v);
+/* An int or expression string; nonneg rejects negative constants. */
+int kiln__graph_parse_dim(kiln__dctx_t *c, const msgpack_object *o,
+			  const char *what, kiln_dim_t *out, bool nonneg);
+/* Like kiln__graph_parse_dim but always a tree (constants as CONST). */
+int kiln__graph_parse_expr(kiln__dctx_t *c, const msgpack_object *o,
+			   const char *what, const kiln_expr_t **out);
+/* An argument; refs must be < n_defined. */
+int kiln__graph_parse_arg(kiln__dctx_t *c, const msgpack_object *o,
+			  uint32_t n_defined, kiln_arg_t *a, const char *what);
+
+/* Packing in Graph v1's encoding; g supplies the symbol names only. Each
+ * returns 0 or non-zero when the packer failed. */
+int kiln__graph_pack_dim(const kiln_graph_t *g, msgpack_packer *pk,
+			 kiln_dim_t d);
+int kiln__graph_pack_expr(const kiln_graph_t *g, msgpack_packer *pk,
+			  const kiln_expr_t *e);
+int kiln__graph_pack_spec(const kiln_graph_t *g, msgpack_packer *pk,
+			  const kiln_value_t *v);
+int kiln__graph_pack_arg(const kiln_graph_t *g, msgpack_packer *pk,
+			 const kiln_arg_t *a);
+
 #endif

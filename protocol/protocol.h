@@ -355,7 +355,9 @@ typedef enum {
 	KILN_EX_MOD,
 	KILN_EX_MIN,
 	KILN_EX_MAX,
-	KILN_EX_NEG
+	KILN_EX_NEG,
+	KILN_EX_VAR /* compiler-internal: loop variable number `sym`; never
+		       decoded from the wire */
 } kiln_expr_kind_t;
 
 typedef struct kiln_expr {
@@ -521,6 +523,135 @@ int kiln_target_from_object(const msgpack_object *o, kiln_target_t *t,
  * automatic), 0 or 1. 0 or KILN_EBADREQ. */
 int kiln_opts_from_object(const msgpack_object *o, kiln_compile_opts_t *opts,
 			  int *dynamic, char *err, size_t errlen);
+
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A strided tensor in memory, as the runtime and the reference interpreter
+ * see it. `data` points at element [0, ..., 0]; strides are in elements.
+ * Ownership of `data` is stated by whichever function hands one out.
+ */
+typedef struct kiln_tensor {
+	void *data;
+	kiln_dtype_t dtype;
+	uint32_t rank;
+	int64_t sizes[KILN_MAX_RANK_HARD];
+	int64_t strides[KILN_MAX_RANK_HARD];
+} kiln_tensor_t;
+
+/* ------------------------------------------------------------------------ */
+/* Artifacts (ARTIFACT.md)                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The compiled form of one graph for one target: code plus the plan that
+ * runs it. Every size below is a kiln_dim_t: a constant, or an expression of
+ * the artifact's symbols (the graph's symbols, same numbering), so one
+ * artifact serves every size the symbol constraints allow.
+ */
+typedef struct kiln_art_kernel {
+	const char *name; /* exported symbol in the code object */
+	kiln_dim_t extent; /* parallel extent, in units */
+	int64_t grain;     /* minimum units per task (>= 1) */
+	uint32_t n_bufs;   /* pointers the kernel takes in its bufs[] */
+} kiln_art_kernel_t;
+
+typedef enum {
+	KILN_BUF_INPUT,  /* graph input `index` (its data pointer) */
+	KILN_BUF_OUTPUT, /* output buffer `index`, allocated by the caller */
+	KILN_BUF_ARENA   /* bytes [offset, offset+bytes) of the scratch arena */
+} kiln_buf_kind_t;
+
+typedef struct kiln_art_buffer {
+	kiln_buf_kind_t kind;
+	uint32_t index;
+	kiln_dim_t offset; /* ARENA: byte offset, a multiple of 64 */
+	kiln_dim_t bytes;  /* OUTPUT and ARENA: size in bytes */
+} kiln_art_buffer_t;
+
+/* A typed strided view of a buffer (what outputs and fallbacks see). */
+typedef struct kiln_art_view {
+	uint32_t buffer;
+	kiln_dtype_t dtype;
+	uint32_t rank;
+	kiln_dim_t *sizes;   /* rank entries, elements */
+	kiln_dim_t *strides; /* rank entries, elements */
+	kiln_dim_t offset;   /* elements from the buffer's start */
+} kiln_art_view_t;
+
+typedef enum { KILN_STEP_KERNEL, KILN_STEP_FALLBACK } kiln_step_kind_t;
+
+typedef struct kiln_art_step {
+	kiln_step_kind_t kind;
+	int32_t node; /* the graph node it came from (messages), or -1 */
+	/* KILN_STEP_KERNEL: run kernels[kernel] with bufs[] = these buffers */
+	uint32_t kernel;
+	uint32_t n_bufs;
+	uint32_t *bufs;
+	/* KILN_STEP_FALLBACK: run ATen `op` (through torch, by the Python
+	 * runtime) on args/kwargs in which {"ref": k} names view k; its
+	 * results are copied into the views out[0 .. n_out) */
+	const char *op;
+	uint32_t n_args, n_kwargs, n_out;
+	kiln_arg_t *args;
+	kiln_kwarg_t *kwargs;
+	uint32_t *out;
+} kiln_art_step_t;
+
+/* Where the runtime reads a symbol's value: input `input`'s size `dim`, or
+ * (dim == -1) the value of int input `input`. */
+typedef struct kiln_art_binding {
+	uint32_t input;
+	int32_t dim;
+} kiln_art_binding_t;
+
+typedef struct kiln_artifact {
+	kiln_arena_t *arena; /* owns everything below */
+	kiln_target_t target;
+	char signature[KILN_SIG_HEX]; /* "" when unknown */
+	const uint8_t *code;          /* ELF shared object (cpu) or PTX (cuda) */
+	size_t code_len;
+	const uint8_t *cubin; /* optional, cuda */
+	size_t cubin_len;
+	uint32_t n_symbols;
+	kiln_symbol_t *symbols;
+	kiln_art_binding_t *bindings; /* n_symbols entries */
+	uint32_t n_inputs;
+	kiln_value_t *inputs; /* the graph's input specs, checked at run */
+	uint32_t n_kernels;
+	kiln_art_kernel_t *kernels;
+	uint32_t n_buffers;
+	kiln_art_buffer_t *buffers;
+	uint32_t n_views;
+	kiln_art_view_t *views;
+	uint32_t n_steps;
+	kiln_art_step_t *steps;
+	uint32_t n_outputs;
+	kiln_arg_t *outputs; /* {"ref": view id} or {"sym": expr} */
+	uint32_t n_out_buffers;
+	kiln_dim_t arena_bytes;
+	const char *kernels_text; /* optional: the fusion report, for people */
+} kiln_artifact_t;
+
+#define KILN_ARTIFACT_FORMAT "kiln.artifact/1"
+
+/* Packs an artifact as one msgpack map (ARTIFACT.md). 0 or -ENOMEM. */
+int kiln_artifact_pack(const kiln_artifact_t *a, msgpack_packer *pk);
+
+/*
+ * Decodes and validates an artifact (untrusted bytes: prescan first). Every
+ * index is checked against its table, every expression against the symbol
+ * table. On success *out is owned by the caller (kiln_artifact_free); the
+ * code bytes are copied into its arena. KILN_EBADREQ-free: errors are
+ * KILN_EBADFRAME (msgpack), KILN_EINVGRAPH (structure), -ENOMEM.
+ */
+int kiln_artifact_decode(const uint8_t *p, size_t n, const kiln_limits_t *lim,
+			 kiln_artifact_t **out, char *err, size_t errlen);
+
+void kiln_artifact_free(kiln_artifact_t *a);
 
 #ifdef __cplusplus
 }

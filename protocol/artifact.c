@@ -171,8 +171,7 @@ static int decode_head(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 				     true);
 }
 
-static int decode_inputs(dctx_t *c, const msgpack_object *m,
-			 kiln_artifact_t *a)
+static int decode_inputs(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 {
 	const msgpack_object *arr;
 	int rc = get_array(c, m, "inputs", c->lim->max_values, &arr);
@@ -357,8 +356,7 @@ static int decode_buffers(dctx_t *c, const msgpack_object *m,
 	a->n_buffers = arr->via.array.size;
 	a->buffers = table(a->arena, a->n_buffers, sizeof(kiln_art_buffer_t));
 	/* which buffer describes output buffer k (+1; 0: none yet) */
-	uint32_t *out_of =
-	    table(a->arena, a->n_out_buffers, sizeof(uint32_t));
+	uint32_t *out_of = table(a->arena, a->n_out_buffers, sizeof(uint32_t));
 	if (a->buffers == NULL || out_of == NULL)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < a->n_buffers; i++) {
@@ -444,8 +442,7 @@ static int decode_buffers(dctx_t *c, const msgpack_object *m,
 	return 0;
 }
 
-static int decode_views(dctx_t *c, const msgpack_object *m,
-			kiln_artifact_t *a)
+static int decode_views(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 {
 	const msgpack_object *arr;
 	int rc = get_array(c, m, "views", c->lim->max_values, &arr);
@@ -537,8 +534,8 @@ static int index_list(dctx_t *c, const msgpack_object *o, const char *key,
 				    key, j, table_name,
 				    (unsigned long long)e->via.u64, bound,
 				    table_name);
-		return fail(c, KILN_EINVGRAPH, "%s[%u]: not a %s index", key,
-			    j, table_name);
+		return fail(c, KILN_EINVGRAPH, "%s[%u]: not a %s index", key, j,
+			    table_name);
 	}
 	return 0;
 }
@@ -551,12 +548,12 @@ static int decode_fallback(dctx_t *c, const msgpack_object *s,
 		return fail(c, KILN_EINVGRAPH, "missing string \"op\"");
 	if (op->via.str.size > c->lim->max_str_bytes ||
 	    !kiln__valid_op_name(op->via.str.ptr, op->via.str.size))
-		return fail(c, KILN_EINVGRAPH, "malformed op name \"%.*s\"",
-			    (int)(op->via.str.size > 64 ? 64
-							: op->via.str.size),
-			    op->via.str.ptr);
-	st->op = kiln_arena_strndup(a->arena, op->via.str.ptr,
-				    op->via.str.size);
+		return fail(
+		    c, KILN_EINVGRAPH, "malformed op name \"%.*s\"",
+		    (int)(op->via.str.size > 64 ? 64 : op->via.str.size),
+		    op->via.str.ptr);
+	st->op =
+	    kiln_arena_strndup(a->arena, op->via.str.ptr, op->via.str.size);
 	if (st->op == NULL)
 		return -ENOMEM;
 	size_t wl = strlen(c->where);
@@ -589,7 +586,8 @@ static int decode_fallback(dctx_t *c, const msgpack_object *s,
 	}
 	if (!is_nil(kwargs)) {
 		st->n_kwargs = kwargs->via.map.size;
-		st->kwargs = table(a->arena, st->n_kwargs, sizeof(kiln_kwarg_t));
+		st->kwargs =
+		    table(a->arena, st->n_kwargs, sizeof(kiln_kwarg_t));
 		if (st->kwargs == NULL)
 			return -ENOMEM;
 		for (uint32_t k = 0; k < st->n_kwargs; k++) {
@@ -631,8 +629,7 @@ static int decode_fallback(dctx_t *c, const msgpack_object *s,
 			  &st->n_out, &st->out);
 }
 
-static int decode_steps(dctx_t *c, const msgpack_object *m,
-			kiln_artifact_t *a)
+static int decode_steps(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 {
 	const msgpack_object *arr;
 	int rc = get_array(c, m, "steps", c->lim->max_nodes, &arr);
@@ -655,7 +652,7 @@ static int decode_steps(dctx_t *c, const msgpack_object *m,
 			    node->via.u64 <= INT32_MAX)
 				st->node = (int32_t)node->via.u64;
 			else if (!(node->type ==
-					   MSGPACK_OBJECT_NEGATIVE_INTEGER &&
+				       MSGPACK_OBJECT_NEGATIVE_INTEGER &&
 				   node->via.i64 == -1))
 				return fail(c, KILN_EINVGRAPH,
 					    "\"node\" must be a node index, "
@@ -668,12 +665,12 @@ static int decode_steps(dctx_t *c, const msgpack_object *m,
 			if (get_index(k, a->n_kernels, &st->kernel) != 0) {
 				if (k != NULL &&
 				    k->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-					return fail(c, KILN_EINVGRAPH,
-						    "kernel %llu out of range "
-						    "(%u kernels)",
-						    (unsigned long long)
-							k->via.u64,
-						    a->n_kernels);
+					return fail(
+					    c, KILN_EINVGRAPH,
+					    "kernel %llu out of range "
+					    "(%u kernels)",
+					    (unsigned long long)k->via.u64,
+					    a->n_kernels);
 				return fail(c, KILN_EINVGRAPH,
 					    "\"kernel\" must be a kernel "
 					    "index");
@@ -720,12 +717,12 @@ static int decode_outputs(dctx_t *c, const msgpack_object *m,
 		const msgpack_object *o = &arr->via.array.ptr[i];
 		kiln_arg_t *out = &a->outputs[i];
 		snprintf(c->where, sizeof(c->where), "output %u", i);
-		const msgpack_object *ref =
-		    o->type == MSGPACK_OBJECT_MAP ? kiln_map_get(o, "ref")
-						  : NULL;
-		const msgpack_object *sym =
-		    o->type == MSGPACK_OBJECT_MAP ? kiln_map_get(o, "sym")
-						  : NULL;
+		const msgpack_object *ref = o->type == MSGPACK_OBJECT_MAP
+						? kiln_map_get(o, "ref")
+						: NULL;
+		const msgpack_object *sym = o->type == MSGPACK_OBJECT_MAP
+						? kiln_map_get(o, "sym")
+						: NULL;
 		if (o->type != MSGPACK_OBJECT_MAP || o->via.map.size != 1 ||
 		    (ref == NULL && sym == NULL))
 			return fail(c, KILN_EINVGRAPH,
@@ -909,13 +906,13 @@ int kiln_artifact_pack(const kiln_artifact_t *a, msgpack_packer *pk)
 	shim.symbols = a->symbols;
 	const kiln_graph_t *g = &shim;
 
-	int rc = msgpack_pack_map(pk, 17);
+	int rc = msgpack_pack_map(pk, 16);
 	rc |= kiln_pack_cstr(pk, "format");
 	rc |= kiln_pack_cstr(pk, KILN_ARTIFACT_FORMAT);
 
 	rc |= kiln_pack_cstr(pk, "target");
-	int nt = 1 + (a->target.arch[0] != '\0') +
-		 (a->target.features[0] != '\0');
+	int nt =
+	    1 + (a->target.arch[0] != '\0') + (a->target.features[0] != '\0');
 	rc |= msgpack_pack_map(pk, (size_t)nt);
 	rc |= kiln_pack_cstr(pk, "backend");
 	rc |= kiln_pack_cstr(pk, a->target.backend);

@@ -1,0 +1,62 @@
+/*
+ * cg.h — shared by the LLVM code generator files (codegen.c, mathfn.c).
+ */
+#ifndef KILN_CG_H
+#define KILN_CG_H
+
+#include "compiler/cir.h"
+
+#include <llvm-c/Core.h>
+
+#define CG_MAX_ARGS 256
+
+typedef struct cgmemo {
+	const sx_t **key;
+	LLVMValueRef *val;
+	uint32_t cap, n;
+} cgmemo_t;
+
+typedef struct gen {
+	cctx_t *c;
+	kernel_t *k;
+	LLVMContextRef ctx;
+	LLVMModuleRef mod;
+	LLVMBuilderRef b;
+	LLVMValueRef fn;
+	/* types */
+	LLVMTypeRef i1, i8, i16, i32, i64, f16, f32, f64, ptr, voidt;
+	/* kernel arguments */
+	uint32_t n_args;
+	uint32_t args[CG_MAX_ARGS]; /* cbuf ids */
+	LLVMValueRef argp[CG_MAX_ARGS];
+	LLVMValueRef syms; /* ptr to int64 symbol values */
+	LLVMValueRef sym_val[64];
+	/* current loop state */
+	LLVMValueRef var[CIR_MAX_RANK]; /* i64 values of the kernel vars */
+	int vvar;			/* the vectorized var, or -1 */
+	int W;				/* current width (1: scalar) */
+	cgmemo_t memo;
+	/* per member: its value for the current point (full members in the
+	 * current iteration; row/reduce members for the current unit) */
+	LLVMValueRef *mval;
+	int *mval_width;
+	int32_t cur_pass;
+	bool in_loop;
+	/* zero page for masked scalar loads */
+	LLVMValueRef zero_page;
+	bool use_libmvec;
+} gen_t;
+
+LLVMTypeRef cg_scalar_type(gen_t *g, kiln_dtype_t dt);
+LLVMTypeRef cg_type(gen_t *g, kiln_dtype_t dt, int w);
+LLVMValueRef cg_splat(gen_t *g, LLVMValueRef s, int w);
+LLVMValueRef cg_const_f(gen_t *g, double v, kiln_dtype_t dt, int w);
+LLVMValueRef cg_const_i(gen_t *g, int64_t v, kiln_dtype_t dt, int w);
+LLVMValueRef cg_intr(gen_t *g, const char *name, LLVMTypeRef *over,
+		     unsigned n_over, LLVMValueRef *args, unsigned n_args);
+
+/* f32/f64 transcendental op on a scalar or vector value (mathfn.c). */
+LLVMValueRef cg_math(gen_t *g, sx_op_t op, LLVMValueRef x, LLVMValueRef y,
+		     kiln_dtype_t dt, int w);
+
+#endif

@@ -1,0 +1,342 @@
+/*
+ * cir.h — the compiler's internal IR, shared by compiler/'s .c files only.
+ *
+ * The pipeline (compile.c drives it):
+ *
+ *   kiln_graph_t ──lower/decompose──▶ lazy tensors (lt_t) whose elements are
+ *   scalar expressions (sx_t) of index variables; reductions and values that
+ *   must exist in memory become compute nodes (cnode_t) writing buffers
+ *   (cbuf_t) ──sched──▶ kernels (kernel_t: an iteration space and the
+ *   members computed in it) ──codegen──▶ one LLVM module ──target_cpu──▶
+ *   .so ──memplan/compile──▶ kiln_artifact_t.
+ *
+ * Expressions: integer index math uses kiln_expr_t (protocol.h) with the
+ * compiler-only KILN_EX_VAR; every kiln_expr_t and sx_t built here is
+ * hash-consed in the compile context, so structurally equal expressions are
+ * the same pointer. All memory comes from the context's arena, freed when the
+ * compile ends.
+ *
+ * Threads: a cctx_t belongs to one compile on one thread.
+ */
+#ifndef KILN_CIR_H
+#define KILN_CIR_H
+
+#include "compiler/compiler.h"
+#include "protocol/internal.h"
+
+#include <stdarg.h>
+
+#define CIR_MAX_RANK KILN_MAX_RANK_HARD
+#define CIR_MAX_VARS 40
+
+/* ---- scalar expressions ---------------------------------------------------
+ */
+
+typedef enum {
+	SX_CONST, /* f (float dtypes) or i (others) */
+	SX_LOAD,  /* buffer `buf` at element `idx` (+ dyn), guarded by `a` */
+	SX_INDEX, /* the i64 value of index expression `idx` */
+	SX_UN,	  /* op(a) */
+	SX_BIN,	  /* op(a, b) */
+	SX_WHERE, /* a ? b : c */
+	SX_CAST,  /* a converted to dt */
+} sx_kind_t;
+
+#define SX_OPS(X)                                                              \
+	/* unary */                                                            \
+	X(NEG)                                                                 \
+	X(ABS) X(EXP) X(EXP2) X(LOG) X(LOG1P) X(LOG2) X(EXPM1) X(SQRT)         \
+	    X(RSQRT) X(RECIP) X(SIN) X(COS) X(TAN) X(TANH) X(SIGMOID) X(ERF)   \
+		X(SIGN) X(FLOOR) X(CEIL) X(ROUND) X(TRUNC) X(NOT) X(BITNOT)    \
+		    X(ISNAN) X(ATAN) /* binary */                              \
+	    X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD) \
+		X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT)    \
+		    X(GE) X(AND) X(OR) X(XOR) X(BITAND) X(BITOR) X(BITXOR)     \
+			X(SHL) X(SHR)
+
+typedef enum {
+#define SX_OP_ENUM(n) OP_##n,
+	SX_OPS(SX_OP_ENUM)
+#undef SX_OP_ENUM
+	    OP__COUNT
+} sx_op_t;
+
+typedef struct sx {
+	uint8_t kind; /* sx_kind_t */
+	uint8_t op;   /* sx_op_t for UN/BIN */
+	uint8_t dt;   /* compute dtype (kiln_dtype_t; never F16/BF16) */
+	uint32_t buf; /* LOAD */
+	uint32_t hash;
+	const struct sx *a, *b, *c; /* operands; LOAD: a = guard or NULL,
+				       b = dyn (i64 extra offset) or NULL */
+	const kiln_expr_t *idx;	    /* LOAD, INDEX */
+	union {
+		double f;
+		int64_t i;
+	} k;		 /* CONST */
+	struct sx *next; /* hash chain */
+} sx_t;
+
+/* ---- lazy tensors ---------------------------------------------------------
+ */
+
+typedef struct lt {
+	kiln_dtype_t dtype; /* torch's dtype of the value */
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	bool is_buf;
+	/* is_buf: element [i...] = buf[offset + Σ i_k * strides[k]] */
+	uint32_t buf;
+	kiln_dim_t strides[CIR_MAX_RANK];
+	kiln_dim_t offset;
+	/* !is_buf: element [i...] = body with VAR k := i_k (compute dtype) */
+	const sx_t *body;
+} lt_t;
+
+/* ---- buffers and compute nodes ---------------------------------------------
+ */
+
+typedef enum {
+	CB_INPUT, /* graph input `input` */
+	CB_TEMP,  /* produced by cnode `producer` */
+} cbuf_kind_t;
+
+typedef struct cbuf {
+	cbuf_kind_t kind;
+	kiln_dtype_t dtype;
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	kiln_dim_t strides[CIR_MAX_RANK]; /* TEMP: contiguous unless an
+					     output copy with declared
+					     strides */
+	int32_t input;
+	int32_t producer;
+	/* filled by sched/memplan */
+	int32_t kernel;	    /* kernel computing it (TEMP) */
+	int32_t last_use;   /* last kernel that reads it from memory */
+	bool in_memory;	    /* must be stored */
+	bool is_output;	    /* backs a graph output: an OUTPUT buffer */
+	int32_t out_index;  /* OUTPUT buffer number */
+	int32_t art_buf;    /* artifact buffer id */
+	uint32_t n_readers; /* cnodes loading it */
+} cbuf_t;
+
+typedef enum {
+	RED_NONE,
+	RED_SUM,
+	RED_PROD,
+	RED_MAX,
+	RED_MIN,
+	RED_ARGMAX,
+	RED_ARGMIN,
+	RED_ANY,
+	RED_ALL
+} red_op_t;
+
+typedef struct cnode {
+	uint32_t buf; /* the buffer it defines */
+	red_op_t red; /* RED_NONE: pointwise */
+	/* iteration space: pointwise: the buffer's sizes; reduction: the full
+	 * (pre-reduction) sizes, with rmask bit k set for reduced dims */
+	uint32_t frank;
+	kiln_dim_t fsizes[CIR_MAX_RANK];
+	uint32_t rmask;
+	bool keepdim;	  /* reduction: buffer keeps reduced dims as 1 */
+	const sx_t *body; /* VAR k = full dim k; compute dtype */
+	int32_t node;	  /* graph node, for messages */
+	int32_t kernel;
+	/* a fallback step: graph node `node` run through torch; it writes
+	 * the buffers fbout[0 .. n_fbout) (UINT32_MAX: an absent output) */
+	bool fallback;
+	uint32_t n_fbout;
+	uint32_t *fbout;
+} cnode_t;
+
+/* ---- kernels ------------------------------------------------------------- */
+
+typedef enum {
+	ROLE_FULL, /* pointwise over the full space */
+	ROLE_RED,  /* a reduction */
+	ROLE_ROW   /* pointwise over the outer (row) space */
+} role_t;
+
+typedef struct kmember {
+	uint32_t node; /* cnode id */
+	role_t role;
+	int32_t pass;		 /* loop pass (ROW: scalar stage after it;
+				    -1: before the first loop) */
+	const sx_t *body;	 /* in kernel vars */
+	const kiln_expr_t *sidx; /* store index in kernel vars */
+} kmember_t;
+
+typedef struct kernel {
+	bool is_fallback; /* a fallback step, not generated code */
+	bool is_row; /* has reductions: outer (parallel) × reduced (inner) */
+	uint32_t frank;
+	kiln_dim_t fsizes[CIR_MAX_RANK];
+	uint32_t rmask;
+	uint32_t n_members;
+	kmember_t *members; /* in order */
+	uint32_t cap;
+	int32_t n_passes;
+	char name[32];
+	/* set by codegen */
+	kiln_dim_t extent;
+	int64_t grain;
+	uint32_t n_args;
+	uint32_t *args;	 /* cbuf ids in bufs[] order */
+	const char *why; /* fusion decision text */
+} kernel_t;
+
+/* ---- the compile context ----------------------------------------------------
+ */
+
+typedef struct cctx {
+	kiln_arena_t *arena;
+	const kiln_graph_t *g;
+	const kiln_target_t *target;
+	char *err;
+	size_t errlen;
+	/* hash-consing */
+	kiln_expr_t **ex_tab;
+	uint32_t ex_cap, ex_n;
+	sx_t **sx_tab;
+	uint32_t sx_cap, sx_n;
+	/* var ranges while simplifying: size of VAR k, or NULL (unknown) */
+	kiln_dim_t var_size[CIR_MAX_VARS];
+	bool var_known[CIR_MAX_VARS];
+	/* program */
+	cbuf_t *bufs;
+	uint32_t n_bufs, cap_bufs;
+	cnode_t *nodes;
+	uint32_t n_nodes, cap_nodes;
+	kernel_t *kernels;
+	uint32_t n_kernels, cap_kernels;
+	lt_t **vals;	/* graph value -> lazy tensor (NULL: symint) */
+	uint32_t *uses; /* graph value -> number of uses */
+	/* options */
+	int vec_width; /* f32 lanes */
+	bool use_libmvec;
+	int64_t hint_default;
+} cctx_t;
+
+/* Errors: formats into the context's buffer and returns code. */
+int cir_err(cctx_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void *cir_alloc(cctx_t *c, size_t n); /* zeroed; NULL on OOM */
+
+/* ---- index expressions (ix.c) ------------------------------------------- */
+
+const kiln_expr_t *ix_const(cctx_t *c, int64_t v);
+const kiln_expr_t *ix_var(cctx_t *c, uint32_t k);
+const kiln_expr_t *ix_sym(cctx_t *c, uint32_t s);
+const kiln_expr_t *ix_add(cctx_t *c, const kiln_expr_t *a,
+			  const kiln_expr_t *b);
+const kiln_expr_t *ix_sub(cctx_t *c, const kiln_expr_t *a,
+			  const kiln_expr_t *b);
+const kiln_expr_t *ix_mul(cctx_t *c, const kiln_expr_t *a,
+			  const kiln_expr_t *b);
+const kiln_expr_t *ix_floordiv(cctx_t *c, const kiln_expr_t *a,
+			       const kiln_expr_t *b);
+const kiln_expr_t *ix_mod(cctx_t *c, const kiln_expr_t *a,
+			  const kiln_expr_t *b);
+const kiln_expr_t *ix_min(cctx_t *c, const kiln_expr_t *a,
+			  const kiln_expr_t *b);
+const kiln_expr_t *ix_max(cctx_t *c, const kiln_expr_t *a,
+			  const kiln_expr_t *b);
+/* Content hash of an interned expression (deterministic across runs). */
+uint32_t ix_hash(const kiln_expr_t *e);
+/* Interns an expression from the graph (which is not hash-consed). */
+const kiln_expr_t *ix_intern(cctx_t *c, const kiln_expr_t *e);
+/* A dim as an interned expression. */
+const kiln_expr_t *ix_dim(cctx_t *c, kiln_dim_t d);
+/* An interned expression as a dim (constant when it is one). */
+kiln_dim_t dim_of(const kiln_expr_t *e);
+kiln_dim_t dim_const(int64_t v);
+bool dim_eq(kiln_dim_t a, kiln_dim_t b); /* operands must be interned */
+bool dim_is(kiln_dim_t a, int64_t v);
+kiln_dim_t dim_mul(cctx_t *c, kiln_dim_t a, kiln_dim_t b);
+kiln_dim_t dim_add(cctx_t *c, kiln_dim_t a, kiln_dim_t b);
+/* Replaces VAR k with map[k] (NULL: keep). */
+const kiln_expr_t *ix_subst(cctx_t *c, const kiln_expr_t *e,
+			    const kiln_expr_t *const *map, uint32_t n);
+/* Whether e is affine in VAR v with a constant coefficient (*coef). */
+bool ix_coef(const kiln_expr_t *e, uint32_t v, int64_t *coef);
+/* Whether e mentions VAR v. */
+bool ix_uses_var(const kiln_expr_t *e, uint32_t v);
+/* Bitmask of the VARs e mentions (vars < 64). */
+uint64_t ix_vars(const kiln_expr_t *e);
+/* Evaluates with symbol values (no VARs); 0 or KILN_EINVGRAPH. */
+int ix_eval(const kiln_expr_t *e, const int64_t *syms, int64_t *out);
+/* Best-effort static value: constants, or symbols replaced by hints. */
+int64_t ix_estimate(cctx_t *c, const kiln_expr_t *e);
+
+/* ---- scalar expressions (sx.c) ------------------------------------------ */
+
+kiln_dtype_t compute_dtype(kiln_dtype_t storage);
+const sx_t *sx_constf(cctx_t *c, double v, kiln_dtype_t dt);
+const sx_t *sx_consti(cctx_t *c, int64_t v, kiln_dtype_t dt);
+const sx_t *sx_load(cctx_t *c, uint32_t buf, const kiln_expr_t *idx,
+		    const sx_t *guard, const sx_t *dyn);
+const sx_t *sx_index(cctx_t *c, const kiln_expr_t *idx);
+const sx_t *sx_un(cctx_t *c, sx_op_t op, const sx_t *a);
+const sx_t *sx_bin(cctx_t *c, sx_op_t op, const sx_t *a, const sx_t *b);
+const sx_t *sx_where(cctx_t *c, const sx_t *cond, const sx_t *a, const sx_t *b);
+const sx_t *sx_cast(cctx_t *c, const sx_t *a, kiln_dtype_t dt);
+/* Substitutes VAR k := map[k] in every index expression of the tree. */
+const sx_t *sx_subst(cctx_t *c, const sx_t *e, const kiln_expr_t *const *map,
+		     uint32_t n);
+uint32_t sx_size(const sx_t *e, uint32_t limit); /* nodes, up to limit */
+bool sx_is_heavy(const sx_t *e); /* transcendental or many loads */
+bool sx_is_float(const sx_t *e);
+const char *sx_op_name(sx_op_t op);
+bool sx_op_is_unary(sx_op_t op);
+bool sx_op_is_cmp(sx_op_t op);
+/* Calls fn for every LOAD in the tree (each distinct node once). */
+void sx_each_load(const sx_t *e, void (*fn)(void *, const sx_t *), void *arg);
+
+/* ---- lazy tensors (lower.c) -----------------------------------------------
+ */
+
+lt_t *lt_new(cctx_t *c, kiln_dtype_t dt, uint32_t rank,
+	     const kiln_dim_t *sizes);
+lt_t *lt_fn(cctx_t *c, kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sizes,
+	    const sx_t *body);
+lt_t *lt_buf(cctx_t *c, uint32_t buf); /* contiguous view of a buffer */
+/* Element at idx[0 .. rank) (interned index expressions). */
+const sx_t *lt_at(cctx_t *c, const lt_t *t, const kiln_expr_t *const *idx);
+/* Element at the identity index VAR 0 .. rank-1. */
+const sx_t *lt_body(cctx_t *c, const lt_t *t);
+/* Element at VAR 0.. of a broadcast to (rank, sizes) (right-aligned). */
+const sx_t *lt_bcast_body(cctx_t *c, const lt_t *t, uint32_t rank,
+			  const kiln_dim_t *sizes);
+/* Materializes t: a pointwise cnode writing a new contiguous buffer. */
+int lt_realize(cctx_t *c, lt_t *t, int32_t node, lt_t **out);
+/* New reduction cnode over t's dims in rmask. */
+int lt_reduce(cctx_t *c, const lt_t *t, uint32_t rmask, bool keepdim,
+	      red_op_t op, kiln_dtype_t out_dt, const sx_t *body, int32_t node,
+	      lt_t **out);
+uint32_t new_buf(cctx_t *c, cbuf_kind_t kind, kiln_dtype_t dt, uint32_t rank,
+		 const kiln_dim_t *sizes);
+int32_t new_cnode(cctx_t *c);
+
+/* Lowers every node of the graph; fills c->vals. */
+int lower_graph(cctx_t *c);
+
+/* ---- the op table ------------------------------------------------------- */
+
+typedef struct lnode lnode_t; /* a node being lowered (lower.c) */
+typedef int (*lower_fn_t)(cctx_t *c, lnode_t *n);
+
+/* ---- scheduling (sched.c) ----------------------------------------------- */
+
+int sched_graph(cctx_t *c);
+void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);
+/* Human-readable fusion report (kilnc --emit=kernels). */
+char *sched_report(cctx_t *c);
+
+/* ---- memory plan (memplan.c) ------------------------------------------- */
+
+int memplan(cctx_t *c, kiln_artifact_t *a);
+
+#endif /* KILN_CIR_H */

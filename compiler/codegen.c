@@ -1,0 +1,1605 @@
+/*
+ * codegen.c — kernels → LLVM IR, with the LLVM-C API (InContext calls only;
+ * one context per compile).
+ *
+ * Every kernel is
+ *
+ *   void kiln_kN(void **bufs, const int64_t *syms, int64_t begin, int64_t end)
+ *
+ * over its parallel extent ("units"); it loads its buffer pointers and calls
+ * an always-inlined body whose pointer parameters are `noalias`. kiln
+ * vectorizes explicitly rather than relying on the loop vectorizer: each
+ * kernel has one vectorized variable (the innermost dim), every scalar
+ * expression is emitted at width W (the target's f32 lanes) in the main loop
+ * and at width 1 in the tail, loads and stores are contiguous vector
+ * accesses when their index has unit stride in that variable (broadcast when
+ * 0, gathers otherwise), and reductions keep W-lane accumulators that are
+ * combined pairwise once per row.
+ *
+ * Floating-point contract: reductions reassociate (W partial sums per row,
+ * combined pairwise); everything else is evaluated in program order without
+ * fast-math flags; transcendentals come from mathfn.c (within 2-4 ulp of the
+ * correctly rounded f32 result). f16/bf16 are computed in f32 and rounded
+ * at stores and explicit casts.
+ */
+#include "compiler/cg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- types and constants ------------------------------------------------- */
+
+LLVMTypeRef cg_scalar_type(gen_t *g, kiln_dtype_t dt)
+{
+	switch (dt) {
+	case KILN_DT_F32: return g->f32;
+	case KILN_DT_F64: return g->f64;
+	case KILN_DT_F16: return g->f16;
+	case KILN_DT_BF16: return g->i16;
+	case KILN_DT_I8:
+	case KILN_DT_U8: return g->i8;
+	case KILN_DT_I16: return g->i16;
+	case KILN_DT_I32: return g->i32;
+	case KILN_DT_I64: return g->i64;
+	case KILN_DT_BOOL: return g->i1;
+	default: return g->f32;
+	}
+}
+
+LLVMTypeRef cg_type(gen_t *g, kiln_dtype_t dt, int w)
+{
+	LLVMTypeRef t = cg_scalar_type(g, dt);
+	return w > 1 ? LLVMVectorType(t, (unsigned)w) : t;
+}
+
+LLVMValueRef cg_splat(gen_t *g, LLVMValueRef s, int w)
+{
+	if (w <= 1)
+		return s;
+	LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(s), (unsigned)w);
+	LLVMValueRef v = LLVMGetUndef(vt);
+	v = LLVMBuildInsertElement(g->b, v, s, LLVMConstInt(g->i32, 0, 0), "");
+	LLVMValueRef zeros = LLVMConstNull(LLVMVectorType(g->i32, (unsigned)w));
+	return LLVMBuildShuffleVector(g->b, v, LLVMGetUndef(vt), zeros, "");
+}
+
+LLVMValueRef cg_const_f(gen_t *g, double v, kiln_dtype_t dt, int w)
+{
+	LLVMValueRef s = LLVMConstReal(cg_scalar_type(g, dt), v);
+	if (w <= 1)
+		return s;
+	LLVMValueRef e[64];
+	for (int i = 0; i < w; i++)
+		e[i] = s;
+	return LLVMConstVector(e, (unsigned)w);
+}
+
+LLVMValueRef cg_const_i(gen_t *g, int64_t v, kiln_dtype_t dt, int w)
+{
+	LLVMValueRef s = LLVMConstInt(cg_scalar_type(g, dt), (uint64_t)v, 1);
+	if (w <= 1)
+		return s;
+	LLVMValueRef e[64];
+	for (int i = 0; i < w; i++)
+		e[i] = s;
+	return LLVMConstVector(e, (unsigned)w);
+}
+
+static LLVMValueRef cconst(gen_t *g, double f, int64_t i, kiln_dtype_t dt,
+			   int w)
+{
+	return kiln_dtype_is_float(dt) ? cg_const_f(g, f, dt, w)
+				       : cg_const_i(g, i, dt, w);
+}
+
+LLVMValueRef cg_intr(gen_t *g, const char *name, LLVMTypeRef *over,
+		     unsigned n_over, LLVMValueRef *args, unsigned n_args)
+{
+	unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+	LLVMValueRef f = LLVMGetIntrinsicDeclaration(g->mod, id, over, n_over);
+	LLVMTypeRef ft = LLVMIntrinsicGetType(g->ctx, id, over, n_over);
+	return LLVMBuildCall2(g->b, ft, f, args, n_args, "");
+}
+
+static LLVMValueRef lane_ids(gen_t *g, int w)
+{
+	LLVMValueRef e[64];
+	for (int i = 0; i < w; i++)
+		e[i] = LLVMConstInt(g->i64, (uint64_t)i, 0);
+	return LLVMConstVector(e, (unsigned)w);
+}
+
+/* ---- memo -----------------------------------------------------------------
+ */
+
+static void memo_clear(gen_t *g)
+{
+	if (g->memo.n == 0 || g->memo.key == NULL)
+		return;
+	memset(g->memo.key, 0, g->memo.cap * sizeof(*g->memo.key));
+	g->memo.n = 0;
+}
+
+static LLVMValueRef memo_get(gen_t *g, const sx_t *e)
+{
+	if (g->memo.cap == 0)
+		return NULL;
+	uint32_t j = (e->hash * 0x9e3779b1u) & (g->memo.cap - 1);
+	while (g->memo.key[j] != NULL) {
+		if (g->memo.key[j] == e)
+			return g->memo.val[j];
+		j = (j + 1) & (g->memo.cap - 1);
+	}
+	return NULL;
+}
+
+static void memo_put(gen_t *g, const sx_t *e, LLVMValueRef v)
+{
+	if ((g->memo.n + 1) * 2 > g->memo.cap) {
+		uint32_t oc = g->memo.cap;
+		const sx_t **ok = g->memo.key;
+		LLVMValueRef *ov = g->memo.val;
+		g->memo.cap = oc ? oc * 2 : 1024;
+		g->memo.key = calloc(g->memo.cap, sizeof(*g->memo.key));
+		g->memo.val = calloc(g->memo.cap, sizeof(*g->memo.val));
+		g->memo.n = 0;
+		if (g->memo.key == NULL || g->memo.val == NULL) {
+			g->memo.cap = 0;
+			free(ok);
+			free(ov);
+			return;
+		}
+		for (uint32_t i = 0; i < oc; i++)
+			if (ok[i] != NULL)
+				memo_put(g, ok[i], ov[i]);
+		free(ok);
+		free(ov);
+	}
+	uint32_t j = (e->hash * 0x9e3779b1u) & (g->memo.cap - 1);
+	while (g->memo.key[j] != NULL)
+		j = (j + 1) & (g->memo.cap - 1);
+	g->memo.key[j] = e;
+	g->memo.val[j] = v;
+	g->memo.n++;
+}
+
+/* ---- index expressions -------------------------------------------------- */
+
+static LLVMValueRef sym_value(gen_t *g, uint32_t s)
+{
+	if (s < 64 && g->sym_val[s] != NULL)
+		return g->sym_val[s];
+	/* load at the entry so it dominates every use */
+	LLVMBasicBlockRef cur = LLVMGetInsertBlock(g->b);
+	LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(g->fn);
+	LLVMValueRef term = LLVMGetBasicBlockTerminator(entry);
+	if (term != NULL)
+		LLVMPositionBuilderBefore(g->b, term);
+	else
+		LLVMPositionBuilderAtEnd(g->b, entry);
+	LLVMValueRef idx = LLVMConstInt(g->i64, s, 0);
+	LLVMValueRef p = LLVMBuildGEP2(g->b, g->i64, g->syms, &idx, 1, "");
+	LLVMValueRef v = LLVMBuildLoad2(g->b, g->i64, p, "");
+	LLVMPositionBuilderAtEnd(g->b, cur);
+	if (s < 64)
+		g->sym_val[s] = v;
+	return v;
+}
+
+static LLVMValueRef ifloordiv(gen_t *g, LLVMValueRef a, LLVMValueRef b)
+{
+	/* floor division; b == 0 gives 0 (never UB) */
+	LLVMTypeRef t = LLVMTypeOf(a);
+	LLVMValueRef zero = LLVMConstNull(t),
+		     one = LLVMConstInt(LLVMGetTypeKind(t) == LLVMVectorTypeKind
+					    ? LLVMGetElementType(t)
+					    : t,
+					1, 0);
+	if (LLVMGetTypeKind(t) == LLVMVectorTypeKind)
+		one = cg_splat(g, one, (int)LLVMGetVectorSize(t));
+	LLVMValueRef bz = LLVMBuildICmp(g->b, LLVMIntEQ, b, zero, "");
+	LLVMValueRef bs = LLVMBuildSelect(g->b, bz, one, b, "");
+	LLVMValueRef q = LLVMBuildSDiv(g->b, a, bs, "");
+	LLVMValueRef r = LLVMBuildSRem(g->b, a, bs, "");
+	LLVMValueRef rnz = LLVMBuildICmp(g->b, LLVMIntNE, r, zero, "");
+	LLVMValueRef sgn = LLVMBuildICmp(
+	    g->b, LLVMIntNE, LLVMBuildICmp(g->b, LLVMIntSLT, r, zero, ""),
+	    LLVMBuildICmp(g->b, LLVMIntSLT, bs, zero, ""), "");
+	LLVMValueRef adj = LLVMBuildAnd(g->b, rnz, sgn, "");
+	q = LLVMBuildSub(g->b, q, LLVMBuildZExt(g->b, adj, t, ""), "");
+	return LLVMBuildSelect(g->b, bz, zero, q, "");
+}
+
+static LLVMValueRef imod(gen_t *g, LLVMValueRef a, LLVMValueRef b)
+{
+	LLVMTypeRef t = LLVMTypeOf(a);
+	LLVMValueRef zero = LLVMConstNull(t);
+	LLVMTypeRef et = LLVMGetTypeKind(t) == LLVMVectorTypeKind
+			     ? LLVMGetElementType(t)
+			     : t;
+	LLVMValueRef one = LLVMConstInt(et, 1, 0);
+	if (LLVMGetTypeKind(t) == LLVMVectorTypeKind)
+		one = cg_splat(g, one, (int)LLVMGetVectorSize(t));
+	LLVMValueRef bz = LLVMBuildICmp(g->b, LLVMIntEQ, b, zero, "");
+	LLVMValueRef bs = LLVMBuildSelect(g->b, bz, one, b, "");
+	LLVMValueRef r = LLVMBuildSRem(g->b, a, bs, "");
+	LLVMValueRef rnz = LLVMBuildICmp(g->b, LLVMIntNE, r, zero, "");
+	LLVMValueRef sgn = LLVMBuildICmp(
+	    g->b, LLVMIntNE, LLVMBuildICmp(g->b, LLVMIntSLT, r, zero, ""),
+	    LLVMBuildICmp(g->b, LLVMIntSLT, bs, zero, ""), "");
+	LLVMValueRef adj = LLVMBuildAnd(g->b, rnz, sgn, "");
+	r = LLVMBuildSelect(g->b, adj, LLVMBuildAdd(g->b, r, bs, ""), r, "");
+	return LLVMBuildSelect(g->b, bz, zero, r, "");
+}
+
+/* Scalar i64 value of e, with the vectorized var at its base. */
+static LLVMValueRef emit_ix(gen_t *g, const kiln_expr_t *e)
+{
+	LLVMValueRef a, b;
+	switch (e->kind) {
+	case KILN_EX_CONST: return LLVMConstInt(g->i64, (uint64_t)e->c, 1);
+	case KILN_EX_SYM: return sym_value(g, e->sym);
+	case KILN_EX_VAR: return g->var[e->sym];
+	case KILN_EX_NEG: return LLVMBuildNeg(g->b, emit_ix(g, e->a), "");
+	default: break;
+	}
+	a = emit_ix(g, e->a);
+	b = emit_ix(g, e->b);
+	switch (e->kind) {
+	case KILN_EX_ADD: return LLVMBuildAdd(g->b, a, b, "");
+	case KILN_EX_SUB: return LLVMBuildSub(g->b, a, b, "");
+	case KILN_EX_MUL: return LLVMBuildMul(g->b, a, b, "");
+	case KILN_EX_FLOORDIV: return ifloordiv(g, a, b);
+	case KILN_EX_MOD: return imod(g, a, b);
+	case KILN_EX_MIN:
+		return LLVMBuildSelect(
+		    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, a, b, ""), a, b, "");
+	case KILN_EX_MAX:
+		return LLVMBuildSelect(
+		    g->b, LLVMBuildICmp(g->b, LLVMIntSGT, a, b, ""), a, b, "");
+	default: return a;
+	}
+}
+
+/* Per-lane i64 values of e at width w (vector when it depends on the
+ * vectorized var). */
+static LLVMValueRef emit_ix_w(gen_t *g, const kiln_expr_t *e, int w)
+{
+	LLVMValueRef base = emit_ix(g, e);
+	if (w <= 1 || g->vvar < 0 || !ix_uses_var(e, (uint32_t)g->vvar))
+		return cg_splat(g, base, w);
+	int64_t coef;
+	if (ix_coef(e, (uint32_t)g->vvar, &coef)) {
+		LLVMValueRef lanes = lane_ids(g, w);
+		if (coef != 1)
+			lanes = LLVMBuildMul(
+			    g->b, lanes,
+			    cg_splat(g, LLVMConstInt(g->i64, (uint64_t)coef, 1),
+				     w),
+			    "");
+		return LLVMBuildAdd(g->b, cg_splat(g, base, w), lanes, "");
+	}
+	/* general: evaluate per lane */
+	LLVMValueRef saved = g->var[g->vvar];
+	LLVMValueRef v = LLVMGetUndef(LLVMVectorType(g->i64, (unsigned)w));
+	for (int l = 0; l < w; l++) {
+		g->var[g->vvar] = LLVMBuildAdd(
+		    g->b, saved, LLVMConstInt(g->i64, (uint64_t)l, 0), "");
+		v = LLVMBuildInsertElement(g->b, v, emit_ix(g, e),
+					   LLVMConstInt(g->i32, (uint64_t)l, 0),
+					   "");
+	}
+	g->var[g->vvar] = saved;
+	return v;
+}
+
+/* ---- loads and stores -------------------------------------------------------
+ */
+
+static int arg_index(gen_t *g, uint32_t buf)
+{
+	for (uint32_t i = 0; i < g->n_args; i++)
+		if (g->args[i] == buf)
+			return (int)i;
+	return -1;
+}
+
+/* Converts a loaded storage value to its compute type. */
+static LLVMValueRef from_storage(gen_t *g, LLVMValueRef v, kiln_dtype_t dt,
+				 int w)
+{
+	switch (dt) {
+	case KILN_DT_F16:
+		return LLVMBuildFPExt(g->b, v, cg_type(g, KILN_DT_F32, w), "");
+	case KILN_DT_BF16: {
+		LLVMValueRef x =
+		    LLVMBuildZExt(g->b, v, cg_type(g, KILN_DT_I32, w), "");
+		x = LLVMBuildShl(g->b, x, cg_const_i(g, 16, KILN_DT_I32, w),
+				 "");
+		return LLVMBuildBitCast(g->b, x, cg_type(g, KILN_DT_F32, w),
+					"");
+	}
+	case KILN_DT_BOOL:
+		return LLVMBuildICmp(g->b, LLVMIntNE, v,
+				     cg_const_i(g, 0, KILN_DT_I8, w), "");
+	default: return v;
+	}
+}
+
+/* f32 → bf16 bits, round to nearest even, NaN kept quiet. */
+static LLVMValueRef to_bf16_bits(gen_t *g, LLVMValueRef x, int w)
+{
+	LLVMValueRef u =
+	    LLVMBuildBitCast(g->b, x, cg_type(g, KILN_DT_I32, w), "");
+	LLVMValueRef lsb = LLVMBuildAnd(
+	    g->b, LLVMBuildLShr(g->b, u, cg_const_i(g, 16, KILN_DT_I32, w), ""),
+	    cg_const_i(g, 1, KILN_DT_I32, w), "");
+	LLVMValueRef r = LLVMBuildAdd(
+	    g->b, u,
+	    LLVMBuildAdd(g->b, cg_const_i(g, 0x7fff, KILN_DT_I32, w), lsb, ""),
+	    "");
+	LLVMValueRef isnan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
+	r = LLVMBuildSelect(
+	    g->b, isnan,
+	    LLVMBuildOr(g->b, u, cg_const_i(g, 0x400000, KILN_DT_I32, w), ""),
+	    r, "");
+	r = LLVMBuildLShr(g->b, r, cg_const_i(g, 16, KILN_DT_I32, w), "");
+	return LLVMBuildTrunc(g->b, r, cg_type(g, KILN_DT_I16, w), "");
+}
+
+static LLVMValueRef to_storage(gen_t *g, LLVMValueRef v, kiln_dtype_t dt, int w)
+{
+	switch (dt) {
+	case KILN_DT_F16:
+		return LLVMBuildFPTrunc(g->b, v, cg_type(g, KILN_DT_F16, w),
+					"");
+	case KILN_DT_BF16: return to_bf16_bits(g, v, w);
+	case KILN_DT_BOOL:
+		return LLVMBuildZExt(g->b, v, cg_type(g, KILN_DT_I8, w), "");
+	default: return v;
+	}
+}
+
+static LLVMTypeRef storage_type(gen_t *g, kiln_dtype_t dt, int w)
+{
+	if (dt == KILN_DT_BOOL)
+		return cg_type(g, KILN_DT_I8, w);
+	return cg_type(g, dt, w);
+}
+
+static LLVMValueRef buf_ptr(gen_t *g, uint32_t buf)
+{
+	int a = arg_index(g, buf);
+	return a >= 0 ? g->argp[a] : NULL;
+}
+
+static LLVMValueRef emit_sx(gen_t *g, const sx_t *e);
+
+static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
+{
+	cctx_t *c = g->c;
+	const cbuf_t *b = &c->bufs[e->buf];
+	int w = g->W;
+	/* a value computed in this kernel at this point? */
+	if (b->kind == CB_TEMP && b->kernel == (int32_t)(g->k - c->kernels)) {
+		for (uint32_t i = 0; i < g->k->n_members; i++) {
+			const kmember_t *m = &g->k->members[i];
+			if (c->nodes[m->node].buf != e->buf ||
+			    g->mval[i] == NULL)
+				continue;
+			if (e->idx != m->sidx || e->b != NULL)
+				break;
+			LLVMValueRef v = g->mval[i];
+			if (g->mval_width[i] == w)
+				return v;
+			if (g->mval_width[i] == 1)
+				return cg_splat(g, v, w);
+			break;
+		}
+	}
+	LLVMValueRef base = buf_ptr(g, e->buf);
+	kiln_dtype_t dt = b->dtype;
+	LLVMTypeRef st = storage_type(g, dt, 1);
+	unsigned align = (unsigned)kiln_dtype_size(dt);
+	LLVMValueRef idx = emit_ix(g, e->idx);
+	if (e->b != NULL) {
+		/* a data-dependent offset: per-lane addresses */
+		LLVMValueRef dyn = emit_sx(g, e->b); /* i64 at width w */
+		if (w == 1) {
+			idx = LLVMBuildAdd(g->b, idx, dyn, "");
+		} else {
+			LLVMValueRef iv = LLVMBuildAdd(
+			    g->b, emit_ix_w(g, e->idx, w), dyn, "");
+			LLVMValueRef ptrs = LLVMBuildGEP2(
+			    g->b, st, cg_splat(g, base, w), &iv, 1, "");
+			LLVMValueRef mask =
+			    e->a ? emit_sx(g, e->a)
+				 : cg_const_i(g, 1, KILN_DT_BOOL, w);
+			LLVMTypeRef vt = storage_type(g, dt, w);
+			LLVMTypeRef over[2] = {vt, LLVMTypeOf(ptrs)};
+			LLVMValueRef args[4] = {ptrs,
+						LLVMConstInt(g->i32, align, 0),
+						mask, LLVMConstNull(vt)};
+			LLVMValueRef v =
+			    cg_intr(g, "llvm.masked.gather", over, 2, args, 4);
+			return from_storage(g, v, dt, w);
+		}
+	}
+	if (w == 1) {
+		LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &idx, 1, "");
+		if (e->a != NULL) {
+			LLVMValueRef ok = emit_sx(g, e->a);
+			p = LLVMBuildSelect(g->b, ok, p, g->zero_page, "");
+		}
+		LLVMValueRef v = LLVMBuildLoad2(g->b, st, p, "");
+		LLVMSetAlignment(v, align);
+		return from_storage(g, v, dt, 1);
+	}
+	int64_t coef = -1;
+	bool affine = g->vvar < 0 || ix_coef(e->idx, (uint32_t)g->vvar, &coef);
+	if (g->vvar < 0)
+		coef = 0;
+	LLVMTypeRef vt = storage_type(g, dt, w);
+	if (affine && coef == 0 && e->a == NULL) {
+		LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &idx, 1, "");
+		LLVMValueRef v = LLVMBuildLoad2(g->b, st, p, "");
+		LLVMSetAlignment(v, align);
+		return cg_splat(g, from_storage(g, v, dt, 1), w);
+	}
+	if (affine && coef == 1) {
+		LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &idx, 1, "");
+		if (e->a != NULL) {
+			LLVMValueRef mask = emit_sx(g, e->a);
+			LLVMTypeRef over[2] = {vt, g->ptr};
+			LLVMValueRef args[4] = {p,
+						LLVMConstInt(g->i32, align, 0),
+						mask, LLVMConstNull(vt)};
+			LLVMValueRef v =
+			    cg_intr(g, "llvm.masked.load", over, 2, args, 4);
+			return from_storage(g, v, dt, w);
+		}
+		LLVMValueRef v = LLVMBuildLoad2(g->b, vt, p, "");
+		LLVMSetAlignment(v, align);
+		return from_storage(g, v, dt, w);
+	}
+	LLVMValueRef iv = emit_ix_w(g, e->idx, w);
+	LLVMValueRef ptrs =
+	    LLVMBuildGEP2(g->b, st, cg_splat(g, base, w), &iv, 1, "");
+	LLVMValueRef mask =
+	    e->a ? emit_sx(g, e->a) : cg_const_i(g, 1, KILN_DT_BOOL, w);
+	LLVMTypeRef over[2] = {vt, LLVMTypeOf(ptrs)};
+	LLVMValueRef args[4] = {ptrs, LLVMConstInt(g->i32, align, 0), mask,
+				LLVMConstNull(vt)};
+	LLVMValueRef v = cg_intr(g, "llvm.masked.gather", over, 2, args, 4);
+	return from_storage(g, v, dt, w);
+}
+
+static void emit_store(gen_t *g, uint32_t buf, const kiln_expr_t *sidx,
+		       LLVMValueRef val, int w)
+{
+	const cbuf_t *b = &g->c->bufs[buf];
+	kiln_dtype_t dt = b->dtype;
+	LLVMValueRef base = buf_ptr(g, buf);
+	if (base == NULL)
+		return;
+	LLVMTypeRef st = storage_type(g, dt, 1);
+	unsigned align = (unsigned)kiln_dtype_size(dt);
+	LLVMValueRef sv = to_storage(g, val, dt, w);
+	LLVMValueRef idx = emit_ix(g, sidx);
+	int64_t coef = 0;
+	bool affine = g->vvar < 0 || ix_coef(sidx, (uint32_t)g->vvar, &coef);
+	if (w == 1 || (affine && coef == 1)) {
+		LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &idx, 1, "");
+		LLVMValueRef s = LLVMBuildStore(g->b, sv, p);
+		LLVMSetAlignment(s, align);
+		return;
+	}
+	if (affine && coef == 0) {
+		/* every lane writes the same element: the last lane's value */
+		LLVMValueRef last = LLVMBuildExtractElement(
+		    g->b, sv, LLVMConstInt(g->i32, (uint64_t)(w - 1), 0), "");
+		LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &idx, 1, "");
+		LLVMValueRef s = LLVMBuildStore(g->b, last, p);
+		LLVMSetAlignment(s, align);
+		return;
+	}
+	LLVMValueRef iv = emit_ix_w(g, sidx, w);
+	for (int l = 0; l < w; l++) {
+		LLVMValueRef li = LLVMConstInt(g->i32, (uint64_t)l, 0);
+		LLVMValueRef ix = LLVMBuildExtractElement(g->b, iv, li, "");
+		LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &ix, 1, "");
+		LLVMValueRef s = LLVMBuildStore(
+		    g->b, LLVMBuildExtractElement(g->b, sv, li, ""), p);
+		LLVMSetAlignment(s, align);
+	}
+}
+
+/* ---- scalar expressions ------------------------------------------------- */
+
+static bool is_unsigned(kiln_dtype_t dt)
+{
+	return dt == KILN_DT_U8 || dt == KILN_DT_BOOL;
+}
+
+static LLVMValueRef emit_cast(gen_t *g, LLVMValueRef v, kiln_dtype_t from,
+			      kiln_dtype_t to, int w)
+{
+	if (from == to)
+		return v;
+	LLVMTypeRef tt = cg_type(g, to, w);
+	bool ff = kiln_dtype_is_float(from), tf = kiln_dtype_is_float(to);
+	if (to == KILN_DT_BOOL) {
+		if (ff)
+			return LLVMBuildFCmp(g->b, LLVMRealUNE, v,
+					     cg_const_f(g, 0, from, w), "");
+		return LLVMBuildICmp(g->b, LLVMIntNE, v,
+				     cg_const_i(g, 0, from, w), "");
+	}
+	if (ff && tf) {
+		if (kiln_dtype_size(to) > kiln_dtype_size(from))
+			return LLVMBuildFPExt(g->b, v, tt, "");
+		return LLVMBuildFPTrunc(g->b, v, tt, "");
+	}
+	if (ff)
+		return is_unsigned(to) ? LLVMBuildFPToUI(g->b, v, tt, "")
+				       : LLVMBuildFPToSI(g->b, v, tt, "");
+	if (tf)
+		return is_unsigned(from) ? LLVMBuildUIToFP(g->b, v, tt, "")
+					 : LLVMBuildSIToFP(g->b, v, tt, "");
+	size_t fs = from == KILN_DT_BOOL ? 0 : kiln_dtype_size(from);
+	size_t ts = kiln_dtype_size(to);
+	if (ts > fs || from == KILN_DT_BOOL)
+		return is_unsigned(from) ? LLVMBuildZExt(g->b, v, tt, "")
+					 : LLVMBuildSExt(g->b, v, tt, "");
+	if (ts < fs)
+		return LLVMBuildTrunc(g->b, v, tt, "");
+	return v;
+}
+
+static LLVMValueRef emit_narrow_round(gen_t *g, LLVMValueRef v,
+				      kiln_dtype_t narrow, int w)
+{
+	if (narrow == KILN_DT_F16) {
+		LLVMValueRef h =
+		    LLVMBuildFPTrunc(g->b, v, cg_type(g, KILN_DT_F16, w), "");
+		return LLVMBuildFPExt(g->b, h, cg_type(g, KILN_DT_F32, w), "");
+	}
+	return from_storage(g, to_bf16_bits(g, v, w), KILN_DT_BF16, w);
+}
+
+/* NaN-propagating max/min (torch.maximum): llvm.maximum does not select on
+ * x86 in LLVM 16, so compare and select. */
+static LLVMValueRef fmax_nan(gen_t *g, LLVMValueRef a, LLVMValueRef b,
+			     bool is_max)
+{
+	LLVMValueRef gt =
+	    LLVMBuildFCmp(g->b, is_max ? LLVMRealOGT : LLVMRealOLT, a, b, "");
+	LLVMValueRef r = LLVMBuildSelect(g->b, gt, a, b, "");
+	LLVMValueRef an = LLVMBuildFCmp(g->b, LLVMRealUNO, a, a, "");
+	return LLVMBuildSelect(g->b, an, a, r, "");
+}
+
+static LLVMValueRef emit_unary(gen_t *g, const sx_t *e, LLVMValueRef x)
+{
+	kiln_dtype_t dt = (kiln_dtype_t)e->a->dt;
+	int w = g->W;
+	bool fl = kiln_dtype_is_float(dt);
+	LLVMTypeRef t = LLVMTypeOf(x);
+	switch ((sx_op_t)e->op) {
+	case OP_NEG:
+		return fl ? LLVMBuildFNeg(g->b, x, "")
+			  : LLVMBuildNeg(g->b, x, "");
+	case OP_ABS:
+		if (fl)
+			return cg_intr(g, "llvm.fabs", &t, 1, &x, 1);
+		if (is_unsigned(dt))
+			return x;
+		{
+			LLVMValueRef args[2] = {x, LLVMConstInt(g->i1, 0, 0)};
+			return cg_intr(g, "llvm.abs", &t, 1, args, 2);
+		}
+	case OP_SQRT: return cg_intr(g, "llvm.sqrt", &t, 1, &x, 1);
+	case OP_RSQRT:
+		return LLVMBuildFDiv(g->b, cg_const_f(g, 1, dt, w),
+				     cg_intr(g, "llvm.sqrt", &t, 1, &x, 1), "");
+	case OP_RECIP:
+		return LLVMBuildFDiv(g->b, cg_const_f(g, 1, dt, w), x, "");
+	case OP_FLOOR: return cg_intr(g, "llvm.floor", &t, 1, &x, 1);
+	case OP_CEIL: return cg_intr(g, "llvm.ceil", &t, 1, &x, 1);
+	case OP_TRUNC: return cg_intr(g, "llvm.trunc", &t, 1, &x, 1);
+	case OP_ROUND: return cg_intr(g, "llvm.roundeven", &t, 1, &x, 1);
+	case OP_SIGN: {
+		if (!fl) {
+			LLVMValueRef z = cg_const_i(g, 0, dt, w);
+			LLVMValueRef gt = LLVMBuildZExt(
+			    g->b, LLVMBuildICmp(g->b, LLVMIntSGT, x, z, ""), t,
+			    "");
+			LLVMValueRef lt = LLVMBuildZExt(
+			    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, x, z, ""), t,
+			    "");
+			return LLVMBuildSub(g->b, gt, lt, "");
+		}
+		LLVMValueRef z = cg_const_f(g, 0, dt, w);
+		LLVMValueRef pos = LLVMBuildFCmp(g->b, LLVMRealOGT, x, z, "");
+		LLVMValueRef neg = LLVMBuildFCmp(g->b, LLVMRealOLT, x, z, "");
+		LLVMValueRef r =
+		    LLVMBuildSelect(g->b, neg, cg_const_f(g, -1, dt, w), z, "");
+		r = LLVMBuildSelect(g->b, pos, cg_const_f(g, 1, dt, w), r, "");
+		LLVMValueRef nan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
+		return LLVMBuildSelect(g->b, nan, x, r, "");
+	}
+	case OP_NOT: return LLVMBuildNot(g->b, x, "");
+	case OP_BITNOT: return LLVMBuildNot(g->b, x, "");
+	case OP_ISNAN: return LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
+	default: return cg_math(g, (sx_op_t)e->op, x, NULL, dt, w);
+	}
+}
+
+static LLVMValueRef emit_binary(gen_t *g, const sx_t *e, LLVMValueRef a,
+				LLVMValueRef b)
+{
+	kiln_dtype_t dt = (kiln_dtype_t)e->a->dt;
+	int w = g->W;
+	bool fl = kiln_dtype_is_float(dt);
+	bool us = is_unsigned(dt);
+	switch ((sx_op_t)e->op) {
+	case OP_ADD:
+		return fl ? LLVMBuildFAdd(g->b, a, b, "")
+			  : (dt == KILN_DT_BOOL ? LLVMBuildOr(g->b, a, b, "")
+						: LLVMBuildAdd(g->b, a, b, ""));
+	case OP_SUB:
+		return fl ? LLVMBuildFSub(g->b, a, b, "")
+			  : LLVMBuildSub(g->b, a, b, "");
+	case OP_MUL:
+		return fl ? LLVMBuildFMul(g->b, a, b, "")
+			  : (dt == KILN_DT_BOOL ? LLVMBuildAnd(g->b, a, b, "")
+						: LLVMBuildMul(g->b, a, b, ""));
+	case OP_DIV:
+		return fl ? LLVMBuildFDiv(g->b, a, b, "") : ifloordiv(g, a, b);
+	case OP_FLOORDIV:
+		if (fl) {
+			LLVMValueRef q = LLVMBuildFDiv(g->b, a, b, "");
+			LLVMTypeRef t = LLVMTypeOf(q);
+			return cg_intr(g, "llvm.floor", &t, 1, &q, 1);
+		}
+		return ifloordiv(g, a, b);
+	case OP_TRUNCDIV: {
+		LLVMValueRef z = cg_const_i(g, 0, dt, w);
+		LLVMValueRef bz = LLVMBuildICmp(g->b, LLVMIntEQ, b, z, "");
+		LLVMValueRef bs =
+		    LLVMBuildSelect(g->b, bz, cg_const_i(g, 1, dt, w), b, "");
+		LLVMValueRef q = us ? LLVMBuildUDiv(g->b, a, bs, "")
+				    : LLVMBuildSDiv(g->b, a, bs, "");
+		return LLVMBuildSelect(g->b, bz, z, q, "");
+	}
+	case OP_REM:
+		if (fl) {
+			/* Python remainder: sign of the divisor */
+			LLVMValueRef r = LLVMBuildFRem(g->b, a, b, "");
+			LLVMValueRef z = cg_const_f(g, 0, dt, w);
+			LLVMValueRef rnz =
+			    LLVMBuildFCmp(g->b, LLVMRealONE, r, z, "");
+			LLVMValueRef diff = LLVMBuildXor(
+			    g->b, LLVMBuildFCmp(g->b, LLVMRealOLT, r, z, ""),
+			    LLVMBuildFCmp(g->b, LLVMRealOLT, b, z, ""), "");
+			return LLVMBuildSelect(
+			    g->b, LLVMBuildAnd(g->b, rnz, diff, ""),
+			    LLVMBuildFAdd(g->b, r, b, ""), r, "");
+		}
+		return imod(g, a, b);
+	case OP_FMOD:
+		if (fl)
+			return LLVMBuildFRem(g->b, a, b, "");
+		{
+			LLVMValueRef z = cg_const_i(g, 0, dt, w);
+			LLVMValueRef bz =
+			    LLVMBuildICmp(g->b, LLVMIntEQ, b, z, "");
+			LLVMValueRef bs = LLVMBuildSelect(
+			    g->b, bz, cg_const_i(g, 1, dt, w), b, "");
+			return LLVMBuildSelect(
+			    g->b, bz, z, LLVMBuildSRem(g->b, a, bs, ""), "");
+		}
+	case OP_POW:
+	case OP_ATAN2:
+		if (fl)
+			return cg_math(g, (sx_op_t)e->op, a, b, dt, w);
+		{
+			/* integer power by squaring (exponent >= 0) */
+			LLVMValueRef fa = emit_cast(g, a, dt, KILN_DT_F64, w);
+			LLVMValueRef fb = emit_cast(g, b, dt, KILN_DT_F64, w);
+			LLVMValueRef r =
+			    cg_math(g, OP_POW, fa, fb, KILN_DT_F64, w);
+			LLVMTypeRef t = LLVMTypeOf(r);
+			r = cg_intr(g, "llvm.round", &t, 1, &r, 1);
+			return emit_cast(g, r, KILN_DT_F64, dt, w);
+		}
+	case OP_MAX:
+	case OP_MIN: {
+		bool mx = e->op == OP_MAX;
+		if (fl)
+			return fmax_nan(g, a, b, mx);
+		LLVMIntPredicate p = mx ? (us ? LLVMIntUGT : LLVMIntSGT)
+					: (us ? LLVMIntULT : LLVMIntSLT);
+		return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, p, a, b, ""),
+				       a, b, "");
+	}
+	case OP_EQ:
+	case OP_NE:
+	case OP_LT:
+	case OP_LE:
+	case OP_GT:
+	case OP_GE: {
+		static const LLVMRealPredicate fp[] = {
+		    LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT,
+		    LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
+		static const LLVMIntPredicate sp[] = {LLVMIntEQ,  LLVMIntNE,
+						      LLVMIntSLT, LLVMIntSLE,
+						      LLVMIntSGT, LLVMIntSGE};
+		static const LLVMIntPredicate up[] = {LLVMIntEQ,  LLVMIntNE,
+						      LLVMIntULT, LLVMIntULE,
+						      LLVMIntUGT, LLVMIntUGE};
+		int i = e->op - OP_EQ;
+		if (fl)
+			return LLVMBuildFCmp(g->b, fp[i], a, b, "");
+		return LLVMBuildICmp(g->b, us ? up[i] : sp[i], a, b, "");
+	}
+	case OP_AND:
+	case OP_BITAND: return LLVMBuildAnd(g->b, a, b, "");
+	case OP_OR:
+	case OP_BITOR: return LLVMBuildOr(g->b, a, b, "");
+	case OP_XOR:
+	case OP_BITXOR: return LLVMBuildXor(g->b, a, b, "");
+	case OP_SHL: return LLVMBuildShl(g->b, a, b, "");
+	case OP_SHR:
+		return us ? LLVMBuildLShr(g->b, a, b, "")
+			  : LLVMBuildAShr(g->b, a, b, "");
+	default: return a;
+	}
+}
+
+static LLVMValueRef emit_sx(gen_t *g, const sx_t *e)
+{
+	LLVMValueRef v = memo_get(g, e);
+	if (v != NULL)
+		return v;
+	int w = g->W;
+	switch ((sx_kind_t)e->kind) {
+	case SX_CONST:
+		v = cconst(g, e->k.f, e->k.i, (kiln_dtype_t)e->dt, w);
+		break;
+	case SX_LOAD: v = emit_load(g, e); break;
+	case SX_INDEX: v = emit_ix_w(g, e->idx, w); break;
+	case SX_UN: v = emit_unary(g, e, emit_sx(g, e->a)); break;
+	case SX_BIN: {
+		LLVMValueRef a = emit_sx(g, e->a);
+		LLVMValueRef b = emit_sx(g, e->b);
+		v = emit_binary(g, e, a, b);
+		break;
+	}
+	case SX_WHERE: {
+		LLVMValueRef cnd = emit_sx(g, e->a);
+		LLVMValueRef a = emit_sx(g, e->b);
+		LLVMValueRef b = emit_sx(g, e->c);
+		v = LLVMBuildSelect(g->b, cnd, a, b, "");
+		break;
+	}
+	case SX_CAST: {
+		LLVMValueRef a = emit_sx(g, e->a);
+		if (e->op == KILN_DT_F16 || e->op == KILN_DT_BF16) {
+			a = emit_cast(g, a, (kiln_dtype_t)e->a->dt, KILN_DT_F32,
+				      w);
+			v = emit_narrow_round(g, a, (kiln_dtype_t)e->op, w);
+		} else {
+			v = emit_cast(g, a, (kiln_dtype_t)e->a->dt,
+				      (kiln_dtype_t)e->dt, w);
+		}
+		break;
+	}
+	}
+	memo_put(g, e, v);
+	return v;
+}
+
+/* ---- loops ----------------------------------------------------------------
+ */
+
+typedef struct loop {
+	LLVMValueRef iv; /* alloca */
+	LLVMValueRef i;	 /* current value in the body */
+	LLVMBasicBlockRef cond, body, exit;
+	LLVMValueRef step;
+} loop_t;
+
+static LLVMValueRef entry_alloca(gen_t *g, LLVMTypeRef t)
+{
+	LLVMBasicBlockRef cur = LLVMGetInsertBlock(g->b);
+	LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(g->fn);
+	LLVMValueRef first = LLVMGetFirstInstruction(entry);
+	if (first != NULL)
+		LLVMPositionBuilderBefore(g->b, first);
+	else
+		LLVMPositionBuilderAtEnd(g->b, entry);
+	LLVMValueRef a = LLVMBuildAlloca(g->b, t, "");
+	LLVMPositionBuilderAtEnd(g->b, cur);
+	return a;
+}
+
+/* for (i = lo; i + span <= hi; i += step) — span is step for a vector
+ * main loop, 1 for a scalar one. */
+static void loop_begin(gen_t *g, loop_t *L, LLVMValueRef lo, LLVMValueRef hi,
+		       int64_t step)
+{
+	L->iv = entry_alloca(g, g->i64);
+	LLVMBuildStore(g->b, lo, L->iv);
+	L->cond = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "cond");
+	L->body = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "body");
+	L->exit = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "exit");
+	L->step = LLVMConstInt(g->i64, (uint64_t)step, 0);
+	LLVMBuildBr(g->b, L->cond);
+	LLVMPositionBuilderAtEnd(g->b, L->cond);
+	LLVMValueRef i = LLVMBuildLoad2(g->b, g->i64, L->iv, "i");
+	LLVMValueRef last = LLVMBuildAdd(g->b, i, L->step, "");
+	LLVMValueRef ok = LLVMBuildICmp(g->b, LLVMIntSLE, last, hi, "");
+	LLVMBuildCondBr(g->b, ok, L->body, L->exit);
+	LLVMPositionBuilderAtEnd(g->b, L->body);
+	L->i = i;
+	memo_clear(g);
+}
+
+static void loop_end(gen_t *g, loop_t *L)
+{
+	LLVMValueRef n = LLVMBuildAdd(g->b, L->i, L->step, "");
+	LLVMBuildStore(g->b, n, L->iv);
+	LLVMBuildBr(g->b, L->cond);
+	LLVMPositionBuilderAtEnd(g->b, L->exit);
+	memo_clear(g);
+}
+
+/* ---- reductions ---------------------------------------------------------- */
+
+typedef struct racc {
+	LLVMValueRef v, i;   /* allocas: value and index accumulators */
+	LLVMValueRef sv, si; /* scalar (tail) accumulators */
+	int w;		     /* width of v/i */
+	kiln_dtype_t dt;     /* compute dtype */
+	red_op_t op;
+} racc_t;
+
+static LLVMValueRef red_identity(gen_t *g, red_op_t op, kiln_dtype_t dt, int w)
+{
+	bool fl = kiln_dtype_is_float(dt);
+	switch (op) {
+	case RED_SUM:
+	case RED_ANY: return cconst(g, 0, 0, dt, w);
+	case RED_PROD:
+	case RED_ALL: return cconst(g, 1, 1, dt, w);
+	case RED_MAX:
+	case RED_ARGMAX:
+		if (fl)
+			return cg_const_f(g, -INFINITY, dt, w);
+		return cg_const_i(g,
+				  dt == KILN_DT_U8    ? 0
+				  : dt == KILN_DT_I8  ? INT8_MIN
+				  : dt == KILN_DT_I16 ? INT16_MIN
+				  : dt == KILN_DT_I32 ? INT32_MIN
+						      : INT64_MIN,
+				  dt, w);
+	case RED_MIN:
+	case RED_ARGMIN:
+		if (fl)
+			return cg_const_f(g, INFINITY, dt, w);
+		return cg_const_i(g,
+				  dt == KILN_DT_U8    ? 255
+				  : dt == KILN_DT_I8  ? INT8_MAX
+				  : dt == KILN_DT_I16 ? INT16_MAX
+				  : dt == KILN_DT_I32 ? INT32_MAX
+						      : INT64_MAX,
+				  dt, w);
+	default: return cconst(g, 0, 0, dt, w);
+	}
+}
+
+/* Whether x should replace acc for an arg-reduction (first occurrence;
+ * NaN wins, like torch). */
+static LLVMValueRef arg_take(gen_t *g, red_op_t op, kiln_dtype_t dt,
+			     LLVMValueRef x, LLVMValueRef acc)
+{
+	if (!kiln_dtype_is_float(dt)) {
+		bool us = is_unsigned(dt);
+		LLVMIntPredicate p = op == RED_ARGMAX
+					 ? (us ? LLVMIntUGT : LLVMIntSGT)
+					 : (us ? LLVMIntULT : LLVMIntSLT);
+		return LLVMBuildICmp(g->b, p, x, acc, "");
+	}
+	LLVMValueRef better = LLVMBuildFCmp(
+	    g->b, op == RED_ARGMAX ? LLVMRealOGT : LLVMRealOLT, x, acc, "");
+	LLVMValueRef xnan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
+	LLVMValueRef anan = LLVMBuildFCmp(g->b, LLVMRealUNO, acc, acc, "");
+	return LLVMBuildOr(
+	    g->b, better,
+	    LLVMBuildAnd(g->b, xnan, LLVMBuildNot(g->b, anan, ""), ""), "");
+}
+
+static LLVMValueRef red_combine(gen_t *g, red_op_t op, kiln_dtype_t dt,
+				LLVMValueRef acc, LLVMValueRef x)
+{
+	bool fl = kiln_dtype_is_float(dt);
+	switch (op) {
+	case RED_SUM:
+		return fl ? LLVMBuildFAdd(g->b, acc, x, "")
+			  : LLVMBuildAdd(g->b, acc, x, "");
+	case RED_PROD:
+		return fl ? LLVMBuildFMul(g->b, acc, x, "")
+			  : LLVMBuildMul(g->b, acc, x, "");
+	case RED_MAX:
+	case RED_MIN:
+		if (fl)
+			return fmax_nan(g, acc, x, op == RED_MAX);
+		{
+			bool us = is_unsigned(dt);
+			LLVMIntPredicate p =
+			    op == RED_MAX ? (us ? LLVMIntUGT : LLVMIntSGT)
+					  : (us ? LLVMIntULT : LLVMIntSLT);
+			return LLVMBuildSelect(
+			    g->b, LLVMBuildICmp(g->b, p, x, acc, ""), x, acc,
+			    "");
+		}
+	case RED_ANY: return LLVMBuildOr(g->b, acc, x, "");
+	case RED_ALL: return LLVMBuildAnd(g->b, acc, x, "");
+	default: return acc;
+	}
+}
+
+static void racc_init(gen_t *g, racc_t *r, red_op_t op, kiln_dtype_t dt, int w)
+{
+	r->op = op;
+	r->dt = dt;
+	r->w = w;
+	bool arg = op == RED_ARGMAX || op == RED_ARGMIN;
+	r->v = entry_alloca(g, cg_type(g, dt, w));
+	LLVMBuildStore(g->b, red_identity(g, op, dt, w), r->v);
+	r->sv = entry_alloca(g, cg_type(g, dt, 1));
+	LLVMBuildStore(g->b, red_identity(g, op, dt, 1), r->sv);
+	r->i = r->si = NULL;
+	if (arg) {
+		r->i = entry_alloca(g, cg_type(g, KILN_DT_I64, w));
+		LLVMBuildStore(g->b, cg_const_i(g, 0, KILN_DT_I64, w), r->i);
+		r->si = entry_alloca(g, g->i64);
+		LLVMBuildStore(g->b, LLVMConstInt(g->i64, 0, 0), r->si);
+	}
+}
+
+/* acc ⊕= x at width w (w == r->w: the vector accumulator; 1: the scalar
+ * one); ridx is the reduce index (width w) for arg reductions. */
+static void racc_update(gen_t *g, racc_t *r, LLVMValueRef x, LLVMValueRef ridx,
+			int w)
+{
+	LLVMValueRef av = w == r->w ? r->v : r->sv;
+	LLVMValueRef ai = w == r->w ? r->i : r->si;
+	LLVMTypeRef t = cg_type(g, r->dt, w);
+	LLVMValueRef acc = LLVMBuildLoad2(g->b, t, av, "");
+	if (r->op == RED_ARGMAX || r->op == RED_ARGMIN) {
+		LLVMValueRef take = arg_take(g, r->op, r->dt, x, acc);
+		LLVMBuildStore(g->b, LLVMBuildSelect(g->b, take, x, acc, ""),
+			       av);
+		LLVMValueRef ia =
+		    LLVMBuildLoad2(g->b, cg_type(g, KILN_DT_I64, w), ai, "");
+		LLVMBuildStore(g->b, LLVMBuildSelect(g->b, take, ridx, ia, ""),
+			       ai);
+		return;
+	}
+	LLVMBuildStore(g->b, red_combine(g, r->op, r->dt, acc, x), av);
+}
+
+/* Combines the lanes of the vector accumulator and the scalar tail
+ * accumulator into one scalar (inner-vectorized rows). Pairwise, so the
+ * order is fixed. */
+static void racc_final_scalar(gen_t *g, racc_t *r, LLVMValueRef *val,
+			      LLVMValueRef *idx)
+{
+	int w = r->w;
+	LLVMValueRef vals[64], ids[64];
+	LLVMValueRef vv = LLVMBuildLoad2(g->b, cg_type(g, r->dt, w), r->v, "");
+	LLVMValueRef vi =
+	    r->i ? LLVMBuildLoad2(g->b, cg_type(g, KILN_DT_I64, w), r->i, "")
+		 : NULL;
+	if (w == 1) {
+		vals[0] = vv;
+		ids[0] = vi;
+	} else {
+		for (int l = 0; l < w; l++) {
+			LLVMValueRef li = LLVMConstInt(g->i32, (uint64_t)l, 0);
+			vals[l] = LLVMBuildExtractElement(g->b, vv, li, "");
+			ids[l] = vi ? LLVMBuildExtractElement(g->b, vi, li, "")
+				    : NULL;
+		}
+	}
+	int n = w;
+	bool arg = r->op == RED_ARGMAX || r->op == RED_ARGMIN;
+	while (n > 1) {
+		int h = n / 2;
+		for (int l = 0; l < h; l++) {
+			LLVMValueRef a = vals[l], b = vals[l + h];
+			if (arg) {
+				/* b wins if strictly better, or equal with a
+				 * smaller index */
+				LLVMValueRef take =
+				    arg_take(g, r->op, r->dt, b, a);
+				LLVMValueRef eq =
+				    kiln_dtype_is_float(r->dt)
+					? LLVMBuildFCmp(g->b, LLVMRealOEQ, a, b,
+							"")
+					: LLVMBuildICmp(g->b, LLVMIntEQ, a, b,
+							"");
+				LLVMValueRef bothnan =
+				    kiln_dtype_is_float(r->dt)
+					? LLVMBuildAnd(
+					      g->b,
+					      LLVMBuildFCmp(g->b, LLVMRealUNO,
+							    a, a, ""),
+					      LLVMBuildFCmp(g->b, LLVMRealUNO,
+							    b, b, ""),
+					      "")
+					: LLVMConstInt(g->i1, 0, 0);
+				LLVMValueRef smaller = LLVMBuildICmp(
+				    g->b, LLVMIntSLT, ids[l + h], ids[l], "");
+				take = LLVMBuildOr(
+				    g->b, take,
+				    LLVMBuildAnd(
+					g->b,
+					LLVMBuildOr(g->b, eq, bothnan, ""),
+					smaller, ""),
+				    "");
+				vals[l] = LLVMBuildSelect(g->b, take, b, a, "");
+				ids[l] = LLVMBuildSelect(g->b, take, ids[l + h],
+							 ids[l], "");
+			} else {
+				vals[l] = red_combine(g, r->op, r->dt, a, b);
+			}
+		}
+		if (n % 2) {
+			vals[h] = vals[n - 1];
+			ids[h] = ids[n - 1];
+			n = h + 1;
+		} else {
+			n = h;
+		}
+	}
+	/* the scalar tail accumulator covers later indices */
+	LLVMValueRef sv = LLVMBuildLoad2(g->b, cg_type(g, r->dt, 1), r->sv, "");
+	if (arg) {
+		LLVMValueRef si = LLVMBuildLoad2(g->b, g->i64, r->si, "");
+		LLVMValueRef take = arg_take(g, r->op, r->dt, sv, vals[0]);
+		*val = LLVMBuildSelect(g->b, take, sv, vals[0], "");
+		*idx = LLVMBuildSelect(g->b, take, si, ids[0], "");
+	} else {
+		*val = red_combine(g, r->op, r->dt, vals[0], sv);
+		*idx = NULL;
+	}
+}
+
+/* ---- kernel bodies ------------------------------------------------------ */
+
+static const cnode_t *mnode(gen_t *g, uint32_t i)
+{
+	return &g->c->nodes[g->k->members[i].node];
+}
+
+static bool stored(gen_t *g, uint32_t i)
+{
+	const cbuf_t *b = &g->c->bufs[mnode(g, i)->buf];
+	return b->in_memory || b->is_output;
+}
+
+/* Index of the reduce linear position (row-major over the reduced dims). */
+static const kiln_expr_t *reduce_linear(gen_t *g)
+{
+	cctx_t *c = g->c;
+	const kernel_t *k = g->k;
+	const kiln_expr_t *e = ix_const(c, 0);
+	for (uint32_t i = 0; i < k->frank; i++)
+		if (k->rmask >> i & 1)
+			e = ix_add(c, ix_mul(c, e, ix_dim(c, k->fsizes[i])),
+				   ix_var(c, i));
+	return e;
+}
+
+/* The body of one loop iteration at width w for the members of pass p. */
+static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
+{
+	g->W = w;
+	const kernel_t *k = g->k;
+	const kiln_expr_t *rl = NULL;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		if (m->pass != p || m->role == ROLE_ROW)
+			continue;
+		LLVMValueRef v = emit_sx(g, m->body);
+		if (m->role == ROLE_FULL) {
+			g->mval[i] = v;
+			g->mval_width[i] = w;
+			if (stored(g, i))
+				emit_store(g, mnode(g, i)->buf, m->sidx, v, w);
+			continue;
+		}
+		const cnode_t *n = mnode(g, i);
+		LLVMValueRef ridx = NULL;
+		if (n->red == RED_ARGMAX || n->red == RED_ARGMIN) {
+			if (rl == NULL)
+				rl = reduce_linear(g);
+			ridx = emit_ix_w(g, rl, w);
+		}
+		racc_update(g, &acc[i], v, ridx, w);
+	}
+}
+
+static void clear_full_vals(gen_t *g)
+{
+	for (uint32_t i = 0; i < g->k->n_members; i++)
+		if (g->k->members[i].role == ROLE_FULL)
+			g->mval[i] = NULL;
+}
+
+/* Nested loops over the dims in `dims` (outermost first); the last one is
+ * the vectorized var when vec is set. lo/hi bound the last dim. */
+static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
+		      int32_t p, racc_t *acc, int w, bool vec, LLVMValueRef lo,
+		      LLVMValueRef hi)
+{
+	if (at == nd) {
+		gen_iteration(g, p, acc, w);
+		clear_full_vals(g);
+		return;
+	}
+	uint32_t d = dims[at];
+	bool last = at + 1 == nd;
+	LLVMValueRef L0 = last && lo ? lo : LLVMConstInt(g->i64, 0, 0);
+	LLVMValueRef H =
+	    last && hi ? hi : emit_ix(g, ix_dim(g->c, g->k->fsizes[d]));
+	if (last && vec && w > 1) {
+		loop_t L;
+		loop_begin(g, &L, L0, H, w);
+		g->var[d] = L.i;
+		gen_loops(g, dims, nd, at + 1, p, acc, w, vec, lo, hi);
+		loop_end(g, &L);
+		/* scalar tail from where the vector loop stopped */
+		LLVMValueRef from = LLVMBuildLoad2(g->b, g->i64, L.iv, "");
+		loop_t T;
+		loop_begin(g, &T, from, H, 1);
+		g->var[d] = T.i;
+		gen_loops(g, dims, nd, at + 1, p, acc, 1, vec, lo, hi);
+		loop_end(g, &T);
+		g->W = w;
+		return;
+	}
+	loop_t L;
+	loop_begin(g, &L, L0, H, 1);
+	g->var[d] = L.i;
+	gen_loops(g, dims, nd, at + 1, p, acc, w, vec, lo, hi);
+	loop_end(g, &L);
+}
+
+/* Row values and reduction results for the current unit at width w. */
+static void gen_row_members(gen_t *g, int32_t p, int w)
+{
+	g->W = w;
+	const kernel_t *k = g->k;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		if (m->pass != p || m->role != ROLE_ROW)
+			continue;
+		LLVMValueRef v = emit_sx(g, m->body);
+		g->mval[i] = v;
+		g->mval_width[i] = w;
+		if (stored(g, i))
+			emit_store(g, mnode(g, i)->buf, m->sidx, v, w);
+	}
+}
+
+/* One unit of a row kernel. uw: the unit's width (outer-vectorized: W lanes
+ * = W rows; inner-vectorized: 1). */
+static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
+{
+	const kernel_t *k = g->k;
+	uint32_t rd[CIR_MAX_RANK], nr = 0;
+	for (uint32_t i = 0; i < k->frank; i++)
+		if (k->rmask >> i & 1)
+			rd[nr++] = i;
+	racc_t acc[64];
+	for (uint32_t i = 0; i < k->n_members; i++)
+		g->mval[i] = NULL;
+	memo_clear(g);
+	gen_row_members(g, -1, uw);
+	for (int32_t p = 0; p < k->n_passes; p++) {
+		int lw = inner_vec ? g->c->vec_width : uw;
+		for (uint32_t i = 0; i < k->n_members; i++) {
+			const kmember_t *m = &k->members[i];
+			if (m->pass == p && m->role == ROLE_RED) {
+				const cnode_t *n = mnode(g, i);
+				kiln_dtype_t dt = (kiln_dtype_t)n->body->dt;
+				racc_init(g, &acc[i], n->red, dt, lw);
+			}
+		}
+		memo_clear(g);
+		gen_loops(g, rd, nr, 0, p, acc, lw, inner_vec, NULL, NULL);
+		memo_clear(g);
+		g->W = uw;
+		/* finalize */
+		for (uint32_t i = 0; i < k->n_members; i++) {
+			const kmember_t *m = &k->members[i];
+			if (m->pass != p || m->role != ROLE_RED)
+				continue;
+			const cnode_t *n = mnode(g, i);
+			LLVMValueRef val, idx = NULL;
+			if (inner_vec) {
+				racc_final_scalar(g, &acc[i], &val, &idx);
+			} else {
+				racc_t *r = &acc[i];
+				val = LLVMBuildLoad2(
+				    g->b, cg_type(g, r->dt, uw), r->v, "");
+				if (r->i)
+					idx = LLVMBuildLoad2(
+					    g->b, cg_type(g, KILN_DT_I64, uw),
+					    r->i, "");
+			}
+			LLVMValueRef res =
+			    n->red == RED_ARGMAX || n->red == RED_ARGMIN ? idx
+									 : val;
+			kiln_dtype_t bdt = g->c->bufs[n->buf].dtype;
+			kiln_dtype_t rdt =
+			    n->red == RED_ARGMAX || n->red == RED_ARGMIN
+				? KILN_DT_I64
+				: (kiln_dtype_t)n->body->dt;
+			res = emit_cast(g, res, rdt, compute_dtype(bdt), uw);
+			g->mval[i] = res;
+			g->mval_width[i] = uw;
+			if (stored(g, i))
+				emit_store(g, n->buf, m->sidx, res, uw);
+		}
+		gen_row_members(g, p, uw);
+	}
+}
+
+/* Decomposes unit index u into the vars of `dims` (row-major). */
+static void decompose(gen_t *g, LLVMValueRef u, const uint32_t *dims,
+		      uint32_t nd, const LLVMValueRef *sizes)
+{
+	for (uint32_t j = nd; j-- > 0;) {
+		if (j == 0) {
+			g->var[dims[j]] = u;
+			break;
+		}
+		g->var[dims[j]] = LLVMBuildURem(g->b, u, sizes[j], "");
+		u = LLVMBuildUDiv(g->b, u, sizes[j], "");
+	}
+}
+
+#define PW_CHUNK 8192
+
+static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	kernel_t *k = g->k;
+	int W = c->vec_width;
+	uint32_t f = k->frank;
+	loop_t U;
+	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef u = U.i;
+	if (!k->is_row) {
+		if (f == 0) {
+			g->vvar = -1;
+			gen_iteration(g, 0, NULL, 1);
+			clear_full_vals(g);
+		} else {
+			uint32_t od[CIR_MAX_RANK];
+			LLVMValueRef osz[CIR_MAX_RANK + 1];
+			uint32_t no = 0;
+			for (uint32_t i = 0; i + 1 < f; i++) {
+				od[no] = i;
+				osz[no++] = emit_ix(g, ix_dim(c, k->fsizes[i]));
+			}
+			uint32_t last = f - 1;
+			LLVMValueRef n = emit_ix(g, ix_dim(c, k->fsizes[last]));
+			LLVMValueRef lo, hi;
+			bool chunked = !(k->fsizes[last].e == NULL &&
+					 k->fsizes[last].c <= PW_CHUNK);
+			if (chunked) {
+				LLVMValueRef ch =
+				    LLVMConstInt(g->i64, PW_CHUNK, 0);
+				LLVMValueRef nch = LLVMBuildUDiv(
+				    g->b,
+				    LLVMBuildAdd(
+					g->b, n,
+					LLVMConstInt(g->i64, PW_CHUNK - 1, 0),
+					""),
+				    ch, "");
+				LLVMValueRef ci =
+				    LLVMBuildURem(g->b, u, nch, "");
+				LLVMValueRef rest =
+				    LLVMBuildUDiv(g->b, u, nch, "");
+				decompose(g, rest, od, no, osz);
+				lo = LLVMBuildMul(g->b, ci, ch, "");
+				hi = LLVMBuildAdd(g->b, lo, ch, "");
+				hi = LLVMBuildSelect(
+				    g->b,
+				    LLVMBuildICmp(g->b, LLVMIntSLT, hi, n, ""),
+				    hi, n, "");
+			} else {
+				decompose(g, u, od, no, osz);
+				lo = LLVMConstInt(g->i64, 0, 0);
+				hi = n;
+			}
+			g->vvar = (int)last;
+			uint32_t dims[1] = {last};
+			gen_loops(g, dims, 1, 0, 0, NULL, W, true, lo, hi);
+		}
+	} else {
+		bool inner_vec = f > 0 && (k->rmask >> (f - 1) & 1);
+		uint32_t od[CIR_MAX_RANK];
+		LLVMValueRef osz[CIR_MAX_RANK + 1];
+		uint32_t no = 0;
+		for (uint32_t i = 0; i < f; i++)
+			if (!(k->rmask >> i & 1)) {
+				od[no] = i;
+				osz[no++] = emit_ix(g, ix_dim(c, k->fsizes[i]));
+			}
+		if (inner_vec || no == 0) {
+			g->vvar = inner_vec ? (int)(f - 1) : -1;
+			decompose(g, u, od, no, osz);
+			gen_row_unit(g, 1, inner_vec);
+		} else {
+			/* outer-vectorized: the last outer dim in blocks of W
+			 */
+			uint32_t v = od[no - 1];
+			LLVMValueRef nv = osz[no - 1];
+			LLVMValueRef wv = LLVMConstInt(g->i64, (uint64_t)W, 0);
+			LLVMValueRef nb = LLVMBuildUDiv(
+			    g->b,
+			    LLVMBuildAdd(
+				g->b, nv,
+				LLVMConstInt(g->i64, (uint64_t)W - 1, 0), ""),
+			    wv, "");
+			LLVMValueRef bi = LLVMBuildURem(g->b, u, nb, "");
+			LLVMValueRef rest = LLVMBuildUDiv(g->b, u, nb, "");
+			decompose(g, rest, od, no - 1, osz);
+			LLVMValueRef j0 = LLVMBuildMul(g->b, bi, wv, "");
+			LLVMValueRef full = LLVMBuildICmp(
+			    g->b, LLVMIntSLE, LLVMBuildAdd(g->b, j0, wv, ""),
+			    nv, "");
+			LLVMBasicBlockRef bv =
+			    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "vec");
+			LLVMBasicBlockRef bs = LLVMAppendBasicBlockInContext(
+			    g->ctx, g->fn, "rows");
+			LLVMBasicBlockRef bj = LLVMAppendBasicBlockInContext(
+			    g->ctx, g->fn, "join");
+			LLVMBuildCondBr(g->b, full, bv, bs);
+			LLVMPositionBuilderAtEnd(g->b, bv);
+			g->vvar = (int)v;
+			g->var[v] = j0;
+			gen_row_unit(g, W, false);
+			LLVMBuildBr(g->b, bj);
+			LLVMPositionBuilderAtEnd(g->b, bs);
+			memo_clear(g);
+			loop_t R;
+			loop_begin(g, &R, j0, nv, 1);
+			g->var[v] = R.i;
+			gen_row_unit(g, 1, false);
+			loop_end(g, &R);
+			LLVMBuildBr(g->b, bj);
+			LLVMPositionBuilderAtEnd(g->b, bj);
+			memo_clear(g);
+		}
+	}
+	loop_end(g, &U);
+}
+
+/* Parallel extent and grain of a kernel (must match gen_kernel_body). */
+static void kernel_extent(cctx_t *c, kernel_t *k)
+{
+	uint32_t f = k->frank;
+	int W = c->vec_width;
+	const kiln_expr_t *ext = ix_const(c, 1);
+	int64_t per_unit = 1;
+	if (!k->is_row) {
+		if (f > 0) {
+			for (uint32_t i = 0; i + 1 < f; i++)
+				ext = ix_mul(c, ext, ix_dim(c, k->fsizes[i]));
+			kiln_dim_t last = k->fsizes[f - 1];
+			if (last.e == NULL && last.c <= PW_CHUNK) {
+				per_unit = last.c > 0 ? last.c : 1;
+			} else {
+				ext = ix_mul(
+				    c, ext,
+				    ix_floordiv(
+					c,
+					ix_add(c, ix_dim(c, last),
+					       ix_const(c, PW_CHUNK - 1)),
+					ix_const(c, PW_CHUNK)));
+				per_unit = PW_CHUNK;
+			}
+		}
+	} else {
+		bool inner_vec = f > 0 && (k->rmask >> (f - 1) & 1);
+		int32_t lastouter = -1;
+		for (uint32_t i = 0; i < f; i++) {
+			if (k->rmask >> i & 1) {
+				per_unit *=
+				    ix_estimate(c, ix_dim(c, k->fsizes[i]));
+				continue;
+			}
+			lastouter = (int32_t)i;
+		}
+		for (uint32_t i = 0; i < f; i++) {
+			if (k->rmask >> i & 1)
+				continue;
+			if (!inner_vec && (int32_t)i == lastouter) {
+				ext = ix_mul(
+				    c, ext,
+				    ix_floordiv(c,
+						ix_add(c,
+						       ix_dim(c, k->fsizes[i]),
+						       ix_const(c, W - 1)),
+						ix_const(c, W)));
+				per_unit *= W;
+			} else {
+				ext = ix_mul(c, ext, ix_dim(c, k->fsizes[i]));
+			}
+		}
+	}
+	k->extent = dim_of(ext);
+	if (per_unit < 1)
+		per_unit = 1;
+	int64_t grain = 16384 / per_unit;
+	k->grain = grain < 1 ? 1 : grain;
+}
+
+struct argscan {
+	gen_t *g;
+};
+
+static void add_arg(gen_t *g, uint32_t buf)
+{
+	if (arg_index(g, buf) >= 0 || g->n_args >= CG_MAX_ARGS)
+		return;
+	g->args[g->n_args++] = buf;
+}
+
+static void arg_from_load(void *arg, const sx_t *ld)
+{
+	gen_t *g = arg;
+	add_arg(g, ld->buf);
+}
+
+static int gen_kernel(gen_t *g, kernel_t *k)
+{
+	cctx_t *c = g->c;
+	g->k = k;
+	g->n_args = 0;
+	memset(g->sym_val, 0, sizeof(g->sym_val));
+	/* arguments: stored members first, then everything loaded */
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const cnode_t *n = &c->nodes[k->members[i].node];
+		const cbuf_t *b = &c->bufs[n->buf];
+		if (b->in_memory || b->is_output)
+			add_arg(g, n->buf);
+	}
+	for (uint32_t i = 0; i < k->n_members; i++)
+		sx_each_load(k->members[i].body, arg_from_load, g);
+	if (g->n_args >= CG_MAX_ARGS)
+		return cir_err(c, KILN_EUNSUPOP,
+			       "kernel %s needs more than %d buffers", k->name,
+			       CG_MAX_ARGS);
+	kernel_extent(c, k);
+	k->n_args = g->n_args;
+	k->args = kiln_arena_calloc(c->arena, g->n_args ? g->n_args : 1,
+				    sizeof(uint32_t));
+	if (k->args == NULL)
+		return -ENOMEM;
+	memcpy(k->args, g->args, g->n_args * sizeof(uint32_t));
+
+	/* body function: (ptr noalias ..., ptr syms, i64 begin, i64 end) */
+	LLVMTypeRef pt[CG_MAX_ARGS + 3];
+	for (uint32_t i = 0; i < g->n_args; i++)
+		pt[i] = g->ptr;
+	pt[g->n_args] = g->ptr;
+	pt[g->n_args + 1] = g->i64;
+	pt[g->n_args + 2] = g->i64;
+	LLVMTypeRef bft = LLVMFunctionType(g->voidt, pt, g->n_args + 3, 0);
+	char bname[48];
+	snprintf(bname, sizeof(bname), "%s_body", k->name);
+	LLVMValueRef bf = LLVMAddFunction(g->mod, bname, bft);
+	LLVMSetLinkage(bf, LLVMInternalLinkage);
+	unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+	unsigned inl = LLVMGetEnumAttributeKindForName("alwaysinline", 12);
+	unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
+	for (uint32_t i = 0; i < g->n_args; i++)
+		LLVMAddAttributeAtIndex(
+		    bf, i + 1, LLVMCreateEnumAttribute(g->ctx, noalias, 0));
+	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,
+				LLVMCreateEnumAttribute(g->ctx, inl, 0));
+	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,
+				LLVMCreateEnumAttribute(g->ctx, nounwind, 0));
+	g->fn = bf;
+	LLVMBasicBlockRef entry =
+	    LLVMAppendBasicBlockInContext(g->ctx, bf, "entry");
+	LLVMBasicBlockRef start =
+	    LLVMAppendBasicBlockInContext(g->ctx, bf, "start");
+	LLVMPositionBuilderAtEnd(g->b, entry);
+	LLVMBuildBr(g->b, start);
+	LLVMPositionBuilderAtEnd(g->b, start);
+	for (uint32_t i = 0; i < g->n_args; i++)
+		g->argp[i] = LLVMGetParam(bf, i);
+	g->syms = LLVMGetParam(bf, g->n_args);
+	LLVMValueRef begin = LLVMGetParam(bf, g->n_args + 1);
+	LLVMValueRef end = LLVMGetParam(bf, g->n_args + 2);
+	g->mval =
+	    kiln_arena_calloc(c->arena, k->n_members + 1, sizeof(LLVMValueRef));
+	g->mval_width =
+	    kiln_arena_calloc(c->arena, k->n_members + 1, sizeof(int));
+	if (g->mval == NULL || g->mval_width == NULL)
+		return -ENOMEM;
+	memo_clear(g);
+	gen_kernel_body(g, begin, end);
+	LLVMBuildRetVoid(g->b);
+
+	/* the exported wrapper */
+	LLVMTypeRef wt[4] = {g->ptr, g->ptr, g->i64, g->i64};
+	LLVMTypeRef wft = LLVMFunctionType(g->voidt, wt, 4, 0);
+	LLVMValueRef wf = LLVMAddFunction(g->mod, k->name, wft);
+	LLVMAddAttributeAtIndex(wf, LLVMAttributeFunctionIndex,
+				LLVMCreateEnumAttribute(g->ctx, nounwind, 0));
+	LLVMBasicBlockRef we =
+	    LLVMAppendBasicBlockInContext(g->ctx, wf, "entry");
+	LLVMPositionBuilderAtEnd(g->b, we);
+	LLVMValueRef cargs[CG_MAX_ARGS + 3];
+	for (uint32_t i = 0; i < g->n_args; i++) {
+		LLVMValueRef ix = LLVMConstInt(g->i64, i, 0);
+		LLVMValueRef p = LLVMBuildGEP2(g->b, g->ptr,
+					       LLVMGetParam(wf, 0), &ix, 1, "");
+		cargs[i] = LLVMBuildLoad2(g->b, g->ptr, p, "");
+	}
+	cargs[g->n_args] = LLVMGetParam(wf, 1);
+	cargs[g->n_args + 1] = LLVMGetParam(wf, 2);
+	cargs[g->n_args + 2] = LLVMGetParam(wf, 3);
+	LLVMBuildCall2(g->b, bft, bf, cargs, g->n_args + 3, "");
+	LLVMBuildRetVoid(g->b);
+	return 0;
+}
+
+int codegen_module(cctx_t *c, void *llvm_ctx, void *llvm_mod)
+{
+	gen_t g;
+	memset(&g, 0, sizeof(g));
+	g.c = c;
+	g.ctx = llvm_ctx;
+	g.mod = llvm_mod;
+	g.b = LLVMCreateBuilderInContext(g.ctx);
+	g.i1 = LLVMInt1TypeInContext(g.ctx);
+	g.i8 = LLVMInt8TypeInContext(g.ctx);
+	g.i16 = LLVMInt16TypeInContext(g.ctx);
+	g.i32 = LLVMInt32TypeInContext(g.ctx);
+	g.i64 = LLVMInt64TypeInContext(g.ctx);
+	g.f16 = LLVMHalfTypeInContext(g.ctx);
+	g.f32 = LLVMFloatTypeInContext(g.ctx);
+	g.f64 = LLVMDoubleTypeInContext(g.ctx);
+	g.ptr = LLVMPointerTypeInContext(g.ctx, 0);
+	g.voidt = LLVMVoidTypeInContext(g.ctx);
+	g.use_libmvec = c->use_libmvec;
+	/* a zeroed page that masked-off scalar loads read instead */
+	LLVMTypeRef zt = LLVMArrayType(g.i64, 8);
+	g.zero_page = LLVMAddGlobal(g.mod, zt, "kiln_zero_page");
+	LLVMSetInitializer(g.zero_page, LLVMConstNull(zt));
+	LLVMSetLinkage(g.zero_page, LLVMInternalLinkage);
+	LLVMSetGlobalConstant(g.zero_page, 1);
+	LLVMSetAlignment(g.zero_page, 64);
+	int rc = 0;
+	for (uint32_t i = 0; i < c->n_kernels && rc == 0; i++)
+		if (!c->kernels[i].is_fallback)
+			rc = gen_kernel(&g, &c->kernels[i]);
+	free(g.memo.key);
+	free(g.memo.val);
+	LLVMDisposeBuilder(g.b);
+	return rc;
+}

@@ -1,0 +1,736 @@
+/*
+ * compile.c — the driver: graph → lower → outputs → schedule → LLVM →
+ * object → .so → memory plan → artifact.
+ *
+ * A kiln_compiler_t owns one LLVM TargetMachine and is used by one thread at
+ * a time; each compile creates and disposes its own LLVMContext, so two
+ * compilers on two threads share no LLVM state.
+ */
+#include "compiler/cpu.h"
+#include "compiler/lower.h"
+
+#include <errno.h>
+#include <llvm-c/Core.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "build_id.h"
+
+struct kiln_compiler {
+	cpu_target_t cpu;
+	char fingerprint[160];
+};
+
+int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
+		      char *err, size_t errlen)
+{
+	*out = NULL;
+	if (target != NULL && target->backend[0] != '\0' &&
+	    strcmp(target->backend, "cpu") != 0)
+		return kiln__errf(err, errlen, KILN_EUNSUPOP,
+				  "backend \"%s\" is not available in this "
+				  "build (cpu only)",
+				  target->backend);
+	kiln_compiler_t *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return -ENOMEM;
+	int rc = cpu_target_init(&c->cpu, target, err, errlen);
+	if (rc != 0) {
+		free(c);
+		return rc;
+	}
+	unsigned maj, min, pat;
+	LLVMGetVersion(&maj, &min, &pat);
+	snprintf(c->fingerprint, sizeof(c->fingerprint),
+		 "kiln/%s llvm/%u.%u.%u build/%s", KILN_VERSION_STRING, maj,
+		 min, pat, KILN_BUILD_ID);
+	*out = c;
+	return 0;
+}
+
+void kiln_compiler_free(kiln_compiler_t *c)
+{
+	if (c == NULL)
+		return;
+	cpu_target_free(&c->cpu);
+	free(c);
+}
+
+const char *kiln_compiler_fingerprint(const kiln_compiler_t *c)
+{
+	return c->fingerprint;
+}
+
+const kiln_target_t *kiln_compiler_target(const kiln_compiler_t *c)
+{
+	return &c->cpu.target;
+}
+
+const char *kiln_compiler_linker(const kiln_compiler_t *c)
+{
+	return c->cpu.linker;
+}
+
+bool kiln_compiler_supports(const char *op)
+{
+	return kiln__op_supported(op);
+}
+
+/* ---- outputs ------------------------------------------------------------- */
+
+static bool is_view_op(const char *op)
+{
+	static const char *const views[] = {"aten.view.default",
+					    "aten._unsafe_view.default",
+					    "aten._reshape_alias.default",
+					    "aten.reshape.default",
+					    "aten.permute.default",
+					    "aten.transpose.int",
+					    "aten.t.default",
+					    "aten.expand.default",
+					    "aten.squeeze.dim",
+					    "aten.squeeze.dims",
+					    "aten.squeeze.default",
+					    "aten.unsqueeze.default",
+					    "aten.slice.Tensor",
+					    "aten.select.int",
+					    "aten.split.Tensor",
+					    "aten.split_with_sizes.default",
+					    "aten.unbind.int",
+					    "aten.alias.default",
+					    "aten.detach.default",
+					    "aten.as_strided.default"};
+	for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++)
+		if (strcmp(op, views[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Makes every graph output a view of an input or of an output buffer. */
+static int lower_outputs(cctx_t *c, lt_t **outs)
+{
+	const kiln_graph_t *g = c->g;
+	uint32_t n_out_bufs = 0;
+	for (uint32_t i = 0; i < g->n_outputs; i++) {
+		const kiln_arg_t *o = &g->outputs[i];
+		outs[i] = NULL;
+		if (o->kind != KILN_ARG_REF)
+			continue;
+		uint32_t v = o->u.ref;
+		lt_t *t = c->vals[v];
+		if (t == NULL)
+			return cir_err(c, KILN_EINVGRAPH,
+				       "output %u: value %u is not a tensor", i,
+				       v);
+		bool alias_ok = false;
+		if (t->is_buf && c->bufs[t->buf].kind == CB_INPUT) {
+			int32_t p = g->values[v].producer;
+			alias_ok = p < 0 || is_view_op(g->nodes[p].op);
+		} else if (t->is_buf) {
+			alias_ok = true;
+		}
+		if (!alias_ok) {
+			int rc = lt_realize(c, t, g->values[v].producer, &t);
+			if (rc != 0)
+				return rc;
+			if (t->is_buf && c->bufs[t->buf].kind == CB_INPUT) {
+				/* a clone of an input: copy */
+				const sx_t *b = lt_body(c, t);
+				uint32_t nb = new_buf(c, CB_TEMP, t->dtype,
+						      t->rank, t->sizes);
+				int32_t ni = new_cnode(c);
+				if (b == NULL || nb == UINT32_MAX || ni < 0)
+					return -ENOMEM;
+				cnode_t *cn = &c->nodes[ni];
+				cn->buf = nb;
+				cn->frank = t->rank;
+				memcpy(cn->fsizes, t->sizes,
+				       t->rank * sizeof(kiln_dim_t));
+				cn->body = b;
+				cn->node = g->values[v].producer;
+				c->bufs[nb].producer = ni;
+				t = lt_buf(c, nb);
+				if (t == NULL)
+					return -ENOMEM;
+			}
+		}
+		cbuf_t *b = &c->bufs[t->buf];
+		if (b->kind == CB_TEMP && !b->is_output) {
+			b->is_output = true;
+			b->out_index = (int32_t)n_out_bufs++;
+		}
+		outs[i] = t;
+	}
+	return 0;
+}
+
+/* ---- artifact construction ---------------------------------------------- */
+
+static const kiln_expr_t *copy_expr(kiln_arena_t *a, const kiln_expr_t *e)
+{
+	if (e == NULL)
+		return NULL;
+	kiln_expr_t *n = kiln_arena_alloc(a, sizeof(*n));
+	if (n == NULL)
+		return NULL;
+	*n = *e;
+	n->a = e->a ? copy_expr(a, e->a) : NULL;
+	n->b = e->b ? copy_expr(a, e->b) : NULL;
+	return n;
+}
+
+static kiln_dim_t copy_dim(kiln_arena_t *a, kiln_dim_t d)
+{
+	if (d.e != NULL)
+		d.e = copy_expr(a, d.e);
+	return d;
+}
+
+typedef struct abuild {
+	cctx_t *c;
+	kiln_artifact_t *a;
+	int32_t *art_of; /* cbuf → artifact buffer id */
+	uint32_t cap_views;
+} abuild_t;
+
+static int art_buffer(abuild_t *ab, uint32_t cb)
+{
+	if (ab->art_of[cb] >= 0)
+		return ab->art_of[cb];
+	cctx_t *c = ab->c;
+	kiln_artifact_t *a = ab->a;
+	const cbuf_t *b = &c->bufs[cb];
+	kiln_art_buffer_t *ob = &a->buffers[a->n_buffers];
+	memset(ob, 0, sizeof(*ob));
+	if (b->kind == CB_INPUT) {
+		ob->kind = KILN_BUF_INPUT;
+		ob->index = (uint32_t)b->input;
+	} else if (b->is_output) {
+		ob->kind = KILN_BUF_OUTPUT;
+		ob->index = (uint32_t)b->out_index;
+	} else {
+		ob->kind = KILN_BUF_ARENA;
+	}
+	if (b->kind != CB_INPUT) {
+		const kiln_expr_t *n = ix_const(c, 1);
+		for (uint32_t k = 0; k < b->rank; k++)
+			n = ix_mul(c, n, ix_dim(c, b->sizes[k]));
+		n = ix_mul(c, n,
+			   ix_const(c, (int64_t)kiln_dtype_size(b->dtype)));
+		ob->bytes = copy_dim(a->arena, dim_of(n));
+	}
+	ab->art_of[cb] = (int32_t)a->n_buffers;
+	return (int)a->n_buffers++;
+}
+
+static int art_view(abuild_t *ab, const lt_t *t)
+{
+	kiln_artifact_t *a = ab->a;
+	if (a->n_views == ab->cap_views) {
+		uint32_t nc = ab->cap_views ? ab->cap_views * 2 : 16;
+		kiln_art_view_t *nv =
+		    kiln_arena_calloc(a->arena, nc, sizeof(*nv));
+		if (nv == NULL)
+			return -ENOMEM;
+		if (a->n_views)
+			memcpy(nv, a->views, a->n_views * sizeof(*nv));
+		a->views = nv;
+		ab->cap_views = nc;
+	}
+	kiln_art_view_t *v = &a->views[a->n_views];
+	v->buffer = (uint32_t)art_buffer(ab, t->buf);
+	v->dtype = t->dtype;
+	v->rank = t->rank;
+	v->sizes = kiln_arena_calloc(a->arena, t->rank + 1, sizeof(kiln_dim_t));
+	v->strides =
+	    kiln_arena_calloc(a->arena, t->rank + 1, sizeof(kiln_dim_t));
+	if (v->sizes == NULL || v->strides == NULL)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < t->rank; k++) {
+		v->sizes[k] = copy_dim(a->arena, t->sizes[k]);
+		v->strides[k] = copy_dim(a->arena, t->strides[k]);
+	}
+	v->offset = copy_dim(a->arena, t->offset);
+	return (int)a->n_views++;
+}
+
+/* Copies a fallback argument, refs becoming view ids. */
+static int fb_arg(abuild_t *ab, const kiln_arg_t *in, kiln_arg_t *out,
+		  int32_t kernel)
+{
+	cctx_t *c = ab->c;
+	kiln_artifact_t *a = ab->a;
+	*out = *in;
+	switch (in->kind) {
+	case KILN_ARG_STR:
+		out->u.s = kiln_arena_strndup(a->arena, in->u.s, in->n);
+		return out->u.s ? 0 : -ENOMEM;
+	case KILN_ARG_SYM:
+		out->u.sym = copy_expr(a->arena, in->u.sym);
+		return out->u.sym ? 0 : -ENOMEM;
+	case KILN_ARG_LIST:
+		out->u.list =
+		    kiln_arena_calloc(a->arena, in->n + 1, sizeof(kiln_arg_t));
+		if (out->u.list == NULL)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < in->n; i++) {
+			int rc =
+			    fb_arg(ab, &in->u.list[i], &out->u.list[i], kernel);
+			if (rc != 0)
+				return rc;
+		}
+		return 0;
+	case KILN_ARG_REF: {
+		const lt_t *t = c->vals[in->u.ref];
+		if (t == NULL || !t->is_buf)
+			return cir_err(c, KILN_EINTERNAL,
+				       "fallback input %u is not a buffer",
+				       in->u.ref);
+		(void)kernel; /* marked by the scheduler */
+		int v = art_view(ab, t);
+		if (v < 0)
+			return v;
+		out->u.ref = (uint32_t)v;
+		return 0;
+	}
+	default: return 0;
+	}
+}
+
+/* Arena offsets by liveness: a buffer lives from its kernel to its last
+ * reader; static sizes are packed first-fit, symbolic ones appended. */
+int memplan(cctx_t *c, kiln_artifact_t *a)
+{
+	typedef struct slot {
+		int64_t off, size;
+		int32_t from, to;
+	} slot_t;
+	slot_t *slots = calloc(c->n_bufs + 1, sizeof(*slots));
+	if (slots == NULL)
+		return -ENOMEM;
+	uint32_t ns = 0;
+	int64_t top = 0;
+	const kiln_expr_t *dyn_top = NULL;
+	for (uint32_t i = 0; i < a->n_buffers; i++) {
+		kiln_art_buffer_t *b = &a->buffers[i];
+		if (b->kind != KILN_BUF_ARENA)
+			continue;
+		/* find the cbuf for liveness */
+		int32_t from = 0, to = (int32_t)c->n_kernels;
+		for (uint32_t cb = 0; cb < c->n_bufs; cb++)
+			if (c->bufs[cb].art_buf == (int32_t)i) {
+				from = c->bufs[cb].kernel;
+				to = c->bufs[cb].last_use > from
+					 ? c->bufs[cb].last_use
+					 : from;
+				break;
+			}
+		if (b->bytes.e != NULL) {
+			const kiln_expr_t *base =
+			    dyn_top ? dyn_top : ix_const(c, 0);
+			b->offset = dim_of(base); /* after every static slot */
+			const kiln_expr_t *sz = ix_intern(c, b->bytes.e);
+			sz = ix_mul(c,
+				    ix_floordiv(c,
+						ix_add(c, sz, ix_const(c, 63)),
+						ix_const(c, 64)),
+				    ix_const(c, 64));
+			dyn_top = ix_add(c, base, sz);
+			continue;
+		}
+		int64_t size = (b->bytes.c + 63) / 64 * 64;
+		if (size == 0)
+			size = 64;
+		/* first fit among offsets of slots not live at once */
+		int64_t off = 0;
+		for (;;) {
+			bool clash = false;
+			for (uint32_t s = 0; s < ns; s++) {
+				slot_t *o = &slots[s];
+				bool live = !(o->to < from || to < o->from);
+				bool overlap = off < o->off + o->size &&
+					       o->off < off + size;
+				if (live && overlap) {
+					off = o->off + o->size;
+					clash = true;
+				}
+			}
+			if (!clash)
+				break;
+		}
+		slots[ns++] = (slot_t){off, size, from, to};
+		b->offset = dim_const(off);
+		if (off + size > top)
+			top = off + size;
+	}
+	/* symbolic slots start after the static ones */
+	for (uint32_t i = 0; i < a->n_buffers; i++) {
+		kiln_art_buffer_t *b = &a->buffers[i];
+		if (b->kind == KILN_BUF_ARENA && b->bytes.e != NULL) {
+			const kiln_expr_t *o =
+			    ix_add(c, ix_const(c, top), ix_dim(c, b->offset));
+			b->offset = copy_dim(a->arena, dim_of(o));
+		}
+	}
+	const kiln_expr_t *total = ix_const(c, top);
+	if (dyn_top != NULL)
+		total = ix_add(c, total, dyn_top);
+	a->arena_bytes = copy_dim(a->arena, dim_of(total));
+	free(slots);
+	return 0;
+}
+
+static int bind_symbols(cctx_t *c, kiln_artifact_t *a)
+{
+	const kiln_graph_t *g = c->g;
+	a->n_symbols = g->n_symbols;
+	a->symbols = kiln_arena_calloc(a->arena, g->n_symbols + 1,
+				       sizeof(kiln_symbol_t));
+	a->bindings = kiln_arena_calloc(a->arena, g->n_symbols + 1,
+					sizeof(kiln_art_binding_t));
+	if (a->symbols == NULL || a->bindings == NULL)
+		return -ENOMEM;
+	for (uint32_t s = 0; s < g->n_symbols; s++) {
+		a->symbols[s] = g->symbols[s];
+		a->symbols[s].name = kiln_arena_strndup(
+		    a->arena, g->symbols[s].name, strlen(g->symbols[s].name));
+		bool found = false;
+		for (uint32_t i = 0; i < g->n_inputs && !found; i++) {
+			const kiln_value_t *v = &g->values[i];
+			if (v->kind == KILN_VAL_SYMINT) {
+				if (v->sym->kind == KILN_EX_SYM &&
+				    v->sym->sym == s) {
+					a->bindings[s] =
+					    (kiln_art_binding_t){i, -1};
+					found = true;
+				}
+				continue;
+			}
+			for (uint32_t d = 0; d < v->rank && !found; d++)
+				if (v->sizes[d].e != NULL &&
+				    v->sizes[d].e->kind == KILN_EX_SYM &&
+				    v->sizes[d].e->sym == s) {
+					a->bindings[s] =
+					    (kiln_art_binding_t){i, (int32_t)d};
+					found = true;
+				}
+		}
+		if (!found)
+			return cir_err(c, KILN_EINVGRAPH,
+				       "symbol \"%s\" is not the size of any "
+				       "input dim nor an int input, so it "
+				       "cannot be bound at run time",
+				       g->symbols[s].name);
+	}
+	return 0;
+}
+
+static int build_artifact(cctx_t *c, cpu_target_t *t, lt_t **outs,
+			  const uint8_t *so, size_t solen,
+			  kiln_artifact_t **out)
+{
+	const kiln_graph_t *g = c->g;
+	kiln_arena_t *ar = kiln_arena_new(65536);
+	if (ar == NULL)
+		return -ENOMEM;
+	kiln_artifact_t *a = kiln_arena_calloc(ar, 1, sizeof(*a));
+	int32_t *art_of = calloc(c->n_bufs + 1, sizeof(int32_t));
+	if (a == NULL || art_of == NULL) {
+		free(art_of);
+		kiln_arena_free(ar);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < c->n_bufs; i++)
+		art_of[i] = -1;
+	a->arena = ar;
+	a->target = t->target;
+	uint8_t *code = kiln_arena_alloc(ar, solen ? solen : 1);
+	int rc = code ? 0 : -ENOMEM;
+	if (rc == 0) {
+		memcpy(code, so, solen);
+		a->code = code;
+		a->code_len = solen;
+	}
+	a->buffers =
+	    kiln_arena_calloc(ar, c->n_bufs + 1, sizeof(kiln_art_buffer_t));
+	a->kernels =
+	    kiln_arena_calloc(ar, c->n_kernels + 1, sizeof(kiln_art_kernel_t));
+	a->steps =
+	    kiln_arena_calloc(ar, c->n_kernels + 1, sizeof(kiln_art_step_t));
+	a->outputs =
+	    kiln_arena_calloc(ar, g->n_outputs + 1, sizeof(kiln_arg_t));
+	a->inputs =
+	    kiln_arena_calloc(ar, g->n_inputs + 1, sizeof(kiln_value_t));
+	if (a->buffers == NULL || a->kernels == NULL || a->steps == NULL ||
+	    a->outputs == NULL || a->inputs == NULL)
+		rc = -ENOMEM;
+	abuild_t ab = {c, a, art_of, 0};
+	/* inputs */
+	for (uint32_t i = 0; rc == 0 && i < g->n_inputs; i++) {
+		kiln_value_t *v = &a->inputs[i];
+		*v = g->values[i];
+		if (v->kind == KILN_VAL_SYMINT) {
+			v->sym = copy_expr(ar, v->sym);
+			continue;
+		}
+		v->sizes =
+		    kiln_arena_calloc(ar, v->rank + 1, sizeof(kiln_dim_t));
+		v->strides =
+		    kiln_arena_calloc(ar, v->rank + 1, sizeof(kiln_dim_t));
+		if (v->sizes == NULL || v->strides == NULL) {
+			rc = -ENOMEM;
+			break;
+		}
+		for (uint32_t k = 0; k < v->rank; k++) {
+			v->sizes[k] = copy_dim(ar, g->values[i].sizes[k]);
+			v->strides[k] = copy_dim(ar, g->values[i].strides[k]);
+		}
+	}
+	a->n_inputs = g->n_inputs;
+	if (rc == 0)
+		rc = bind_symbols(c, a);
+	/* steps */
+	for (uint32_t ki = 0; rc == 0 && ki < c->n_kernels; ki++) {
+		kernel_t *k = &c->kernels[ki];
+		kiln_art_step_t *st = &a->steps[a->n_steps++];
+		if (k->is_fallback) {
+			const cnode_t *n = &c->nodes[k->members[0].node];
+			const kiln_node_t *nd = &g->nodes[n->node];
+			st->kind = KILN_STEP_FALLBACK;
+			st->node = n->node;
+			st->op = kiln_arena_strndup(ar, nd->op, strlen(nd->op));
+			st->n_args = nd->n_args;
+			st->n_kwargs = nd->n_kwargs;
+			st->args = kiln_arena_calloc(ar, nd->n_args + 1,
+						     sizeof(kiln_arg_t));
+			st->kwargs = kiln_arena_calloc(ar, nd->n_kwargs + 1,
+						       sizeof(kiln_kwarg_t));
+			st->out = kiln_arena_calloc(ar, n->n_fbout + 1,
+						    sizeof(uint32_t));
+			if (st->op == NULL || st->args == NULL ||
+			    st->kwargs == NULL || st->out == NULL) {
+				rc = -ENOMEM;
+				break;
+			}
+			for (uint32_t i = 0; rc == 0 && i < nd->n_args; i++)
+				rc = fb_arg(&ab, &nd->args[i], &st->args[i],
+					    (int32_t)ki);
+			for (uint32_t i = 0; rc == 0 && i < nd->n_kwargs; i++) {
+				st->kwargs[i].key = kiln_arena_strndup(
+				    ar, nd->kwargs[i].key,
+				    strlen(nd->kwargs[i].key));
+				rc = fb_arg(&ab, &nd->kwargs[i].val,
+					    &st->kwargs[i].val, (int32_t)ki);
+			}
+			st->n_out = 0;
+			for (uint32_t j = 0; rc == 0 && j < n->n_fbout; j++) {
+				if (n->fbout[j] == UINT32_MAX)
+					continue;
+				lt_t *bt = lt_buf(c, n->fbout[j]);
+				int v = bt ? art_view(&ab, bt) : -ENOMEM;
+				if (v < 0)
+					rc = v;
+				else
+					st->out[st->n_out++] = (uint32_t)v;
+			}
+			continue;
+		}
+		kiln_art_kernel_t *ak = &a->kernels[a->n_kernels];
+		ak->name = kiln_arena_strndup(ar, k->name, strlen(k->name));
+		ak->extent = copy_dim(ar, k->extent);
+		ak->grain = k->grain;
+		ak->n_bufs = k->n_args;
+		st->kind = KILN_STEP_KERNEL;
+		st->node =
+		    k->n_members ? c->nodes[k->members[0].node].node : -1;
+		st->kernel = a->n_kernels++;
+		st->n_bufs = k->n_args;
+		st->bufs =
+		    kiln_arena_calloc(ar, k->n_args + 1, sizeof(uint32_t));
+		if (st->bufs == NULL || ak->name == NULL) {
+			rc = -ENOMEM;
+			break;
+		}
+		for (uint32_t i = 0; i < k->n_args; i++)
+			st->bufs[i] = (uint32_t)art_buffer(&ab, k->args[i]);
+	}
+	/* outputs */
+	a->n_outputs = g->n_outputs;
+	for (uint32_t i = 0; rc == 0 && i < g->n_outputs; i++) {
+		if (g->outputs[i].kind == KILN_ARG_SYM) {
+			a->outputs[i].kind = KILN_ARG_SYM;
+			a->outputs[i].u.sym =
+			    copy_expr(ar, g->outputs[i].u.sym);
+			continue;
+		}
+		int v = art_view(&ab, outs[i]);
+		if (v < 0) {
+			rc = v;
+			break;
+		}
+		a->outputs[i].kind = KILN_ARG_REF;
+		a->outputs[i].u.ref = (uint32_t)v;
+	}
+	uint32_t nob = 0;
+	for (uint32_t i = 0; i < c->n_bufs; i++) {
+		c->bufs[i].art_buf = art_of[i];
+		if (c->bufs[i].is_output && art_of[i] >= 0)
+			nob++;
+	}
+	a->n_out_buffers = nob;
+	if (rc == 0)
+		rc = memplan(c, a);
+	free(art_of);
+	if (rc != 0) {
+		kiln_arena_free(ar);
+		return rc;
+	}
+	*out = a;
+	return 0;
+}
+
+/* ---- the pipeline ---------------------------------------------------------
+ */
+
+static int front(cctx_t *c, lt_t **outs, kiln_compile_stats_t *st)
+{
+	double t0 = kiln__now_ms();
+	int rc = lower_graph(c);
+	if (rc == 0)
+		rc = lower_outputs(c, outs);
+	double t1 = kiln__now_ms();
+	if (rc == 0)
+		rc = sched_graph(c);
+	double t2 = kiln__now_ms();
+	if (st != NULL) {
+		st->lower_ms = t1 - t0;
+		st->sched_ms = t2 - t1;
+	}
+	return rc;
+}
+
+static void cctx_init(cctx_t *c, kiln_compiler_t *kc, const kiln_graph_t *g,
+		      char *err, size_t errlen)
+{
+	memset(c, 0, sizeof(*c));
+	c->g = g;
+	c->target = &kc->cpu.target;
+	c->err = err;
+	c->errlen = errlen;
+	c->vec_width = kc->cpu.vec_width;
+	const char *m = getenv("KILN_MATH");
+	c->use_libmvec = m != NULL && strcmp(m, "libmvec") == 0;
+	c->hint_default = 64;
+}
+
+static void cctx_free(cctx_t *c)
+{
+	free(c->ex_tab);
+	free(c->sx_tab);
+	kiln_arena_free(c->arena);
+}
+
+int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
+		    const kiln_compile_opts_t *opts, kiln_artifact_t **out,
+		    char **text, int emit, kiln_compile_stats_t *st, char *err,
+		    size_t errlen)
+{
+	(void)opts;
+	if (out)
+		*out = NULL;
+	if (text)
+		*text = NULL;
+	kiln_compile_stats_t lst;
+	if (st == NULL)
+		st = &lst;
+	memset(st, 0, sizeof(*st));
+	double t0 = kiln__now_ms();
+	cctx_t c;
+	cctx_init(&c, kc, g, err, errlen);
+	c.arena = kiln_arena_new(1 << 16);
+	if (c.arena == NULL)
+		return -ENOMEM;
+	lt_t **outs =
+	    kiln_arena_calloc(c.arena, g->n_outputs + 1, sizeof(lt_t *));
+	int rc = outs ? front(&c, outs, st) : -ENOMEM;
+	if (rc != 0) {
+		cctx_free(&c);
+		return rc;
+	}
+	for (uint32_t i = 0; i < c.n_kernels; i++) {
+		if (c.kernels[i].is_fallback)
+			st->n_fallbacks++;
+		else
+			st->n_kernels++;
+	}
+	if (emit == KILN_EMIT_KERNELS) {
+		*text = sched_report(&c);
+		cctx_free(&c);
+		return *text ? 0 : -ENOMEM;
+	}
+	double t1 = kiln__now_ms();
+	LLVMContextRef ctx = LLVMContextCreate();
+	LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("kiln", ctx);
+	cpu_prepare_module(&kc->cpu, mod);
+	rc = codegen_module(&c, ctx, mod);
+	double t2 = kiln__now_ms();
+	st->codegen_ms = t2 - t1;
+	if (rc == 0 && emit == KILN_EMIT_LLVM_RAW) {
+		*text = LLVMPrintModuleToString(mod);
+		char *copy = *text ? strdup(*text) : NULL;
+		LLVMDisposeMessage(*text);
+		*text = copy;
+		goto done;
+	}
+	if (rc == 0)
+		rc = cpu_optimize(&kc->cpu, mod, err, errlen);
+	double t3 = kiln__now_ms();
+	st->opt_ms = t3 - t2;
+	if (rc == 0 && emit == KILN_EMIT_LLVM) {
+		char *s = LLVMPrintModuleToString(mod);
+		*text = s ? strdup(s) : NULL;
+		LLVMDisposeMessage(s);
+		goto done;
+	}
+	uint8_t *obj = NULL, *so = NULL;
+	size_t objlen = 0, solen = 0;
+	if (rc == 0)
+		rc = cpu_emit(&kc->cpu, mod, emit == KILN_EMIT_ASM, &obj,
+			      &objlen, err, errlen);
+	double t4 = kiln__now_ms();
+	st->emit_ms = t4 - t3;
+	if (rc == 0 && emit == KILN_EMIT_ASM) {
+		*text = (char *)obj;
+		goto done;
+	}
+	if (rc == 0)
+		rc = cpu_link(&kc->cpu, obj, objlen, &so, &solen, err, errlen);
+	double t5 = kiln__now_ms();
+	st->link_ms = t5 - t4;
+	free(obj);
+	if (rc == 0)
+		rc = build_artifact(&c, &kc->cpu, outs, so, solen, out);
+	if (rc == 0 && *out != NULL) {
+		char *rep = sched_report(&c);
+		if (rep != NULL) {
+			(*out)->kernels_text =
+			    kiln_arena_strndup((*out)->arena, rep, strlen(rep));
+			free(rep);
+		}
+	}
+	free(so);
+done:
+	LLVMDisposeModule(mod);
+	LLVMContextDispose(ctx);
+	cctx_free(&c);
+	st->total_ms = kiln__now_ms() - t0;
+	return rc;
+}
+
+int kiln_compile(kiln_compiler_t *kc, const kiln_graph_t *g,
+		 const kiln_compile_opts_t *opts, kiln_artifact_t **out,
+		 kiln_compile_stats_t *stats, char *err, size_t errlen)
+{
+	return kiln_compile_ex(kc, g, opts, out, NULL, KILN_EMIT_ARTIFACT,
+			       stats, err, errlen);
+}

@@ -1,0 +1,932 @@
+/*
+ * lower.c — ATen graph → lazy tensors and compute nodes.
+ *
+ * Each graph value becomes a lazy tensor (lt_t): either a strided view of a
+ * buffer (inputs, realized results) or a function of its index (a scalar
+ * expression over VAR 0..rank-1). Pointwise ops compose functions; views
+ * re-index them (buffer views just get new strides: never a copy);
+ * reductions create compute nodes. A value is realized (written to a buffer
+ * by a compute node) only when it must be: a reduction, a graph output, a
+ * heavy value used more than once, or a body grown too large. The scheduler
+ * (sched.c) then decides which compute nodes share a kernel.
+ *
+ * This file has the infrastructure, pointwise, view and reduction ops;
+ * decompose.c has the composite ops (softmax, layer_norm, backward ops, ...).
+ * Every op checks its inputs and its declared outputs and rejects a
+ * mismatch as invalid_graph naming the node.
+ */
+#include "compiler/lower.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- context helpers ------------------------------------------------------
+ */
+
+int cir_err(cctx_t *c, int code, const char *fmt, ...)
+{
+	if (c->err != NULL && c->errlen > 0) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(c->err, c->errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+void *cir_alloc(cctx_t *c, size_t n)
+{
+	return kiln_arena_calloc(c->arena, 1, n);
+}
+
+int lerr(lnode_t *n, int code, const char *fmt, ...)
+{
+	cctx_t *c = n->c;
+	if (c->err != NULL && c->errlen > 0) {
+		int w = snprintf(c->err, c->errlen, "node %u (%s): ", n->index,
+				 n->n->op);
+		size_t off = w < 0 ? 0 : (size_t)w;
+		if (off >= c->errlen)
+			off = c->errlen - 1;
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(c->err + off, c->errlen - off, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+#define GROW(c, arr, n, cap)                                                   \
+	do {                                                                   \
+		if ((n) == (cap)) {                                            \
+			uint32_t nc = (cap) ? (cap)*2 : 64;                    \
+			void *na =                                             \
+			    kiln_arena_calloc((c)->arena, nc, sizeof(*(arr))); \
+			if (na == NULL)                                        \
+				return -ENOMEM;                                \
+			if ((n) > 0)                                           \
+				memcpy(na, (arr), (n) * sizeof(*(arr)));       \
+			(arr) = na;                                            \
+			(cap) = nc;                                            \
+		}                                                              \
+	} while (0)
+
+static void contig_strides(cctx_t *c, uint32_t rank, const kiln_dim_t *sizes,
+			   kiln_dim_t *strides);
+
+static int grow_bufs(cctx_t *c)
+{
+	GROW(c, c->bufs, c->n_bufs, c->cap_bufs);
+	return 0;
+}
+
+uint32_t new_buf(cctx_t *c, cbuf_kind_t kind, kiln_dtype_t dt, uint32_t rank,
+		 const kiln_dim_t *sizes)
+{
+	if (grow_bufs(c) != 0)
+		return UINT32_MAX;
+	cbuf_t *b = &c->bufs[c->n_bufs];
+	memset(b, 0, sizeof(*b));
+	b->kind = kind;
+	b->dtype = dt;
+	b->rank = rank;
+	for (uint32_t i = 0; i < rank; i++)
+		b->sizes[i] = sizes[i];
+	contig_strides(c, rank, sizes, b->strides);
+	b->input = -1;
+	b->producer = -1;
+	b->kernel = -1;
+	b->last_use = -1;
+	b->out_index = -1;
+	b->art_buf = -1;
+	return c->n_bufs++;
+}
+
+static int grow_nodes(cctx_t *c)
+{
+	GROW(c, c->nodes, c->n_nodes, c->cap_nodes);
+	return 0;
+}
+
+int32_t new_cnode(cctx_t *c)
+{
+	if (grow_nodes(c) != 0)
+		return -1;
+	cnode_t *n = &c->nodes[c->n_nodes];
+	memset(n, 0, sizeof(*n));
+	n->kernel = -1;
+	n->node = -1;
+	return (int32_t)c->n_nodes++;
+}
+
+/* ---- lazy tensors ---------------------------------------------------------
+ */
+
+lt_t *lt_new(cctx_t *c, kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sizes)
+{
+	lt_t *t = cir_alloc(c, sizeof(*t));
+	if (t == NULL)
+		return NULL;
+	t->dtype = dt;
+	t->rank = rank;
+	for (uint32_t i = 0; i < rank; i++)
+		t->sizes[i] = sizes[i];
+	t->offset = dim_const(0);
+	return t;
+}
+
+lt_t *lt_fn(cctx_t *c, kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sizes,
+	    const sx_t *body)
+{
+	if (body == NULL)
+		return NULL;
+	lt_t *t = lt_new(c, dt, rank, sizes);
+	if (t != NULL)
+		t->body = body;
+	return t;
+}
+
+static void contig_strides(cctx_t *c, uint32_t rank, const kiln_dim_t *sizes,
+			   kiln_dim_t *strides)
+{
+	kiln_dim_t s = dim_const(1);
+	for (uint32_t i = rank; i-- > 0;) {
+		strides[i] = s;
+		kiln_dim_t sz = sizes[i];
+		if (dim_is(sz, 0))
+			sz = dim_const(1);
+		s = dim_mul(c, s, sz);
+	}
+}
+
+lt_t *lt_buf(cctx_t *c, uint32_t buf)
+{
+	const cbuf_t *b = &c->bufs[buf];
+	lt_t *t = lt_new(c, b->dtype, b->rank, b->sizes);
+	if (t == NULL)
+		return NULL;
+	t->is_buf = true;
+	t->buf = buf;
+	for (uint32_t k = 0; k < b->rank; k++)
+		t->strides[k] = b->strides[k];
+	return t;
+}
+
+const sx_t *lt_at(cctx_t *c, const lt_t *t, const kiln_expr_t *const *idx)
+{
+	if (t->is_buf) {
+		const kiln_expr_t *off = ix_dim(c, t->offset);
+		for (uint32_t k = 0; k < t->rank && off; k++) {
+			if (dim_is(t->sizes[k], 1) || dim_is(t->strides[k], 0))
+				continue;
+			off =
+			    ix_add(c, off,
+				   ix_mul(c, idx[k], ix_dim(c, t->strides[k])));
+		}
+		return sx_load(c, t->buf, off, NULL, NULL);
+	}
+	return sx_subst(c, t->body, idx, t->rank);
+}
+
+const sx_t *lt_body(cctx_t *c, const lt_t *t)
+{
+	if (!t->is_buf)
+		return t->body;
+	const kiln_expr_t *idx[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < t->rank; k++)
+		idx[k] = ix_var(c, k);
+	return lt_at(c, t, idx);
+}
+
+const sx_t *lt_bcast_body(cctx_t *c, const lt_t *t, uint32_t rank,
+			  const kiln_dim_t *sizes)
+{
+	const kiln_expr_t *idx[CIR_MAX_RANK];
+	uint32_t lead = rank - t->rank;
+	for (uint32_t k = 0; k < t->rank; k++) {
+		bool b1 = dim_is(t->sizes[k], 1) && !dim_is(sizes[lead + k], 1);
+		idx[k] = b1 ? ix_const(c, 0) : ix_var(c, lead + k);
+	}
+	if (!t->is_buf && t->rank == rank) {
+		bool ident = true;
+		for (uint32_t k = 0; k < rank; k++)
+			ident = ident && idx[k]->kind == KILN_EX_VAR;
+		if (ident)
+			return t->body;
+	}
+	return lt_at(c, t, idx);
+}
+
+/* Sets the simplifier's variable ranges to a shape. */
+void set_var_ranges(cctx_t *c, uint32_t rank, const kiln_dim_t *sizes)
+{
+	for (uint32_t k = 0; k < CIR_MAX_VARS; k++)
+		c->var_known[k] = false;
+	for (uint32_t k = 0; k < rank && k < CIR_MAX_VARS; k++) {
+		c->var_size[k] = sizes[k];
+		c->var_known[k] = true;
+	}
+}
+
+int lt_realize(cctx_t *c, lt_t *t, int32_t node, lt_t **out)
+{
+	if (t->is_buf && c->bufs[t->buf].kind == CB_TEMP) {
+		/* already a contiguous buffer? */
+		kiln_dim_t st[CIR_MAX_RANK];
+		contig_strides(c, t->rank, t->sizes, st);
+		bool contig =
+		    dim_is(t->offset, 0) && c->bufs[t->buf].rank == t->rank;
+		for (uint32_t k = 0; k < t->rank && contig; k++)
+			contig = dim_eq(st[k], t->strides[k]) &&
+				 dim_eq(t->sizes[k], c->bufs[t->buf].sizes[k]);
+		if (contig) {
+			*out = t;
+			return 0;
+		}
+	}
+	const sx_t *body = lt_body(c, t);
+	if (body == NULL)
+		return -ENOMEM;
+	uint32_t b = new_buf(c, CB_TEMP, t->dtype, t->rank, t->sizes);
+	int32_t n = new_cnode(c);
+	if (b == UINT32_MAX || n < 0)
+		return -ENOMEM;
+	cnode_t *cn = &c->nodes[n];
+	cn->buf = b;
+	cn->red = RED_NONE;
+	cn->frank = t->rank;
+	for (uint32_t k = 0; k < t->rank; k++)
+		cn->fsizes[k] = t->sizes[k];
+	cn->body = body;
+	cn->node = node;
+	c->bufs[b].producer = n;
+	*out = lt_buf(c, b);
+	return *out ? 0 : -ENOMEM;
+}
+
+int lt_reduce(cctx_t *c, const lt_t *t, uint32_t rmask, bool keepdim,
+	      red_op_t op, kiln_dtype_t out_dt, const sx_t *body, int32_t node,
+	      lt_t **out)
+{
+	kiln_dim_t osz[CIR_MAX_RANK];
+	uint32_t orank = 0;
+	for (uint32_t k = 0; k < t->rank; k++) {
+		if (rmask >> k & 1) {
+			if (keepdim)
+				osz[orank++] = dim_const(1);
+		} else {
+			osz[orank++] = t->sizes[k];
+		}
+	}
+	if (body == NULL)
+		body = lt_body(c, t);
+	if (body == NULL)
+		return -ENOMEM;
+	uint32_t b = new_buf(c, CB_TEMP, out_dt, orank, osz);
+	int32_t n = new_cnode(c);
+	if (b == UINT32_MAX || n < 0)
+		return -ENOMEM;
+	cnode_t *cn = &c->nodes[n];
+	cn->buf = b;
+	cn->red = op;
+	cn->frank = t->rank;
+	for (uint32_t k = 0; k < t->rank; k++)
+		cn->fsizes[k] = t->sizes[k];
+	cn->rmask = rmask;
+	cn->keepdim = keepdim;
+	cn->body = body;
+	cn->node = node;
+	c->bufs[b].producer = n;
+	*out = lt_buf(c, b);
+	return *out ? 0 : -ENOMEM;
+}
+
+/* ---- argument access ---------------------------------------------------- */
+
+const kiln_arg_t *larg(lnode_t *n, uint32_t pos, const char *name)
+{
+	const kiln_node_t *nd = n->n;
+	if (pos < nd->n_args)
+		return &nd->args[pos];
+	if (name != NULL)
+		for (uint32_t i = 0; i < nd->n_kwargs; i++)
+			if (strcmp(nd->kwargs[i].key, name) == 0)
+				return &nd->kwargs[i].val;
+	return NULL;
+}
+
+int ltensor(lnode_t *n, uint32_t pos, const char *name, lt_t **out)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	if (a == NULL || a->kind != KILN_ARG_REF)
+		return lerr(n, KILN_EINVGRAPH,
+			    "argument %u (%s) must be a "
+			    "tensor",
+			    pos, name ? name : "?");
+	lt_t *t = n->c->vals[a->u.ref];
+	if (t == NULL)
+		return lerr(n, KILN_EINVGRAPH,
+			    "argument %u refers to value %u, which is not a "
+			    "tensor",
+			    pos, a->u.ref);
+	*out = t;
+	return 0;
+}
+
+/* Optional tensor: NULL when nil or absent. */
+int ltensor_opt(lnode_t *n, uint32_t pos, const char *name, lt_t **out)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	*out = NULL;
+	if (a == NULL || a->kind == KILN_ARG_NIL)
+		return 0;
+	return ltensor(n, pos, name, out);
+}
+
+int lint(lnode_t *n, uint32_t pos, const char *name, int64_t def, int64_t *out)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	if (a == NULL || a->kind == KILN_ARG_NIL) {
+		*out = def;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_INT) {
+		*out = a->u.i;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_BOOL) {
+		*out = a->u.b;
+		return 0;
+	}
+	return lerr(n, KILN_EINVGRAPH, "argument %u (%s) must be an int", pos,
+		    name ? name : "?");
+}
+
+/* An int that may be symbolic: as an index expression. */
+int lsymint(lnode_t *n, const kiln_arg_t *a, const kiln_expr_t **out)
+{
+	if (a != NULL && a->kind == KILN_ARG_INT) {
+		*out = ix_const(n->c, a->u.i);
+		return 0;
+	}
+	if (a != NULL && a->kind == KILN_ARG_SYM) {
+		*out = ix_intern(n->c, a->u.sym);
+		return *out ? 0 : -ENOMEM;
+	}
+	return lerr(n, KILN_EINVGRAPH, "expected an int or a symbolic int");
+}
+
+int lbool(lnode_t *n, uint32_t pos, const char *name, bool def, bool *out)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	if (a == NULL || a->kind == KILN_ARG_NIL) {
+		*out = def;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_BOOL) {
+		*out = a->u.b;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_INT) {
+		*out = a->u.i != 0;
+		return 0;
+	}
+	return lerr(n, KILN_EINVGRAPH, "argument %u (%s) must be a bool", pos,
+		    name ? name : "?");
+}
+
+int lfloat(lnode_t *n, uint32_t pos, const char *name, double def, double *out)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	if (a == NULL || a->kind == KILN_ARG_NIL) {
+		*out = def;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_FLOAT) {
+		*out = a->u.f;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_INT) {
+		*out = (double)a->u.i;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_BOOL) {
+		*out = a->u.b;
+		return 0;
+	}
+	return lerr(n, KILN_EINVGRAPH, "argument %u (%s) must be a number", pos,
+		    name ? name : "?");
+}
+
+int lstr(lnode_t *n, uint32_t pos, const char *name, const char *def,
+	 const char **out)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	if (a == NULL || a->kind == KILN_ARG_NIL) {
+		*out = def;
+		return 0;
+	}
+	if (a->kind == KILN_ARG_STR) {
+		*out = a->u.s;
+		return 0;
+	}
+	return lerr(n, KILN_EINVGRAPH, "argument %u (%s) must be a string", pos,
+		    name ? name : "?");
+}
+
+int lintlist(lnode_t *n, uint32_t pos, const char *name, int64_t *vals,
+	     uint32_t *count, uint32_t max)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	*count = 0;
+	if (a == NULL || a->kind == KILN_ARG_NIL)
+		return 0;
+	if (a->kind == KILN_ARG_INT) {
+		vals[0] = a->u.i;
+		*count = 1;
+		return 0;
+	}
+	if (a->kind != KILN_ARG_LIST || a->n > max)
+		return lerr(n, KILN_EINVGRAPH,
+			    "argument %u (%s) must be a list of at most %u "
+			    "ints",
+			    pos, name ? name : "?", max);
+	for (uint32_t i = 0; i < a->n; i++) {
+		if (a->u.list[i].kind != KILN_ARG_INT)
+			return lerr(n, KILN_EINVGRAPH,
+				    "argument %u (%s)[%u] must be an int", pos,
+				    name ? name : "?", i);
+		vals[i] = a->u.list[i].u.i;
+	}
+	*count = a->n;
+	return 0;
+}
+
+/* A list of symbolic ints (sizes). */
+int lsizelist(lnode_t *n, uint32_t pos, const char *name,
+	      const kiln_expr_t **vals, uint32_t *count)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	if (a == NULL || a->kind != KILN_ARG_LIST || a->n > CIR_MAX_RANK)
+		return lerr(n, KILN_EINVGRAPH,
+			    "argument %u (%s) must be a list of sizes", pos,
+			    name ? name : "?");
+	for (uint32_t i = 0; i < a->n; i++) {
+		int rc = lsymint(n, &a->u.list[i], &vals[i]);
+		if (rc != 0)
+			return rc;
+	}
+	*count = a->n;
+	return 0;
+}
+
+int ldim(lnode_t *n, int64_t d, uint32_t rank, uint32_t *out)
+{
+	int64_t r = rank == 0 ? 1 : rank;
+	if (d < -r || d >= r)
+		return lerr(n, KILN_EINVGRAPH,
+			    "dim %lld out of range for a rank-%u tensor",
+			    (long long)d, rank);
+	*out = (uint32_t)(d < 0 ? d + r : d);
+	return 0;
+}
+
+/* ---- declared outputs ------------------------------------------------------
+ */
+
+const kiln_value_t *lout(lnode_t *n, uint32_t k)
+{
+	if (k >= n->n->n_out)
+		return NULL;
+	return &n->c->g->values[n->n->out_first + k];
+}
+
+/* Checks a computed lazy tensor against declared output k and stores it. */
+int lset(lnode_t *n, uint32_t k, lt_t *t)
+{
+	cctx_t *c = n->c;
+	if (t == NULL)
+		return -ENOMEM;
+	const kiln_value_t *v = lout(n, k);
+	if (v == NULL)
+		return lerr(n, KILN_EINVGRAPH,
+			    "the op has more outputs than \"out\" lists");
+	if (v->kind != KILN_VAL_TENSOR)
+		return lerr(n, KILN_EINVGRAPH, "out %u must be a tensor", k);
+	if (v->rank != t->rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "out %u: declared rank %u but the op gives rank %u",
+			    k, v->rank, t->rank);
+	for (uint32_t i = 0; i < t->rank; i++) {
+		kiln_dim_t d = dim_of(ix_dim(c, v->sizes[i]));
+		if (!dim_eq(d, t->sizes[i])) {
+			char a[64], b[64];
+			kiln_expr_format(c->g, ix_dim(c, d), a, sizeof(a));
+			kiln_expr_format(c->g, ix_dim(c, t->sizes[i]), b,
+					 sizeof(b));
+			return lerr(n, KILN_EINVGRAPH,
+				    "out %u: declared size %s at dim %u but "
+				    "the op gives %s",
+				    k, a, i, b);
+		}
+	}
+	if (v->dtype != t->dtype) {
+		/* the declared dtype rules (it is what torch computed) */
+		if (!t->is_buf) {
+			const sx_t *b = sx_cast(c, t->body, v->dtype);
+			t = lt_fn(c, v->dtype, t->rank, t->sizes, b);
+			if (t == NULL)
+				return -ENOMEM;
+		} else {
+			lt_t *u = lt_fn(c, v->dtype, t->rank, t->sizes,
+					sx_cast(c, lt_body(c, t), v->dtype));
+			if (u == NULL)
+				return -ENOMEM;
+			t = u;
+		}
+	}
+	c->vals[n->n->out_first + k] = t;
+	return 0;
+}
+
+/* Sizes of declared output k (interned). */
+int lout_sizes(lnode_t *n, uint32_t k, uint32_t *rank, kiln_dim_t *sizes,
+	       kiln_dtype_t *dt)
+{
+	const kiln_value_t *v = lout(n, k);
+	if (v == NULL || v->kind != KILN_VAL_TENSOR)
+		return lerr(n, KILN_EINVGRAPH, "missing tensor out %u", k);
+	*rank = v->rank;
+	for (uint32_t i = 0; i < v->rank; i++)
+		sizes[i] = dim_of(ix_dim(n->c, v->sizes[i]));
+	if (dt)
+		*dt = v->dtype;
+	return 0;
+}
+
+/* ---- type promotion (c10's result_type) --------------------------------- */
+
+static int dt_cat(kiln_dtype_t d)
+{
+	if (d == KILN_DT_BOOL)
+		return 0;
+	if (kiln_dtype_is_float(d))
+		return 2;
+	return 1;
+}
+
+kiln_dtype_t promote2(kiln_dtype_t a, kiln_dtype_t b)
+{
+	if (a == b)
+		return a;
+	if (a == KILN_DT__COUNT)
+		return b;
+	if (b == KILN_DT__COUNT)
+		return a;
+	int ca = dt_cat(a), cb = dt_cat(b);
+	if (ca != cb)
+		return ca > cb ? a : b;
+	if (ca == 2) {
+		if ((a == KILN_DT_F16 && b == KILN_DT_BF16) ||
+		    (a == KILN_DT_BF16 && b == KILN_DT_F16))
+			return KILN_DT_F32;
+		return kiln_dtype_size(a) >= kiln_dtype_size(b) ? a : b;
+	}
+	/* ints: u8 with a signed type */
+	if (a == KILN_DT_U8 || b == KILN_DT_U8) {
+		kiln_dtype_t o = a == KILN_DT_U8 ? b : a;
+		return o == KILN_DT_I8 ? KILN_DT_I16 : o;
+	}
+	return kiln_dtype_size(a) >= kiln_dtype_size(b) ? a : b;
+}
+
+static kiln_dtype_t combine(kiln_dtype_t higher, kiln_dtype_t lower)
+{
+	if (higher != KILN_DT__COUNT && kiln_dtype_is_float(higher))
+		return higher;
+	if (higher == KILN_DT_BOOL ||
+	    (lower != KILN_DT__COUNT && kiln_dtype_is_float(lower)))
+		return promote2(higher, lower);
+	if (higher != KILN_DT__COUNT)
+		return higher;
+	return lower;
+}
+
+void rt_init(rtype_t *r)
+{
+	r->dim = r->zero = r->wrapped = KILN_DT__COUNT;
+}
+
+void rt_tensor(rtype_t *r, const lt_t *t)
+{
+	if (t->rank > 0)
+		r->dim = promote2(r->dim, t->dtype);
+	else
+		r->zero = promote2(r->zero, t->dtype);
+}
+
+void rt_scalar(rtype_t *r, const kiln_arg_t *a)
+{
+	kiln_dtype_t d = a->kind == KILN_ARG_FLOAT  ? KILN_DT_F32
+			 : a->kind == KILN_ARG_BOOL ? KILN_DT_BOOL
+						    : KILN_DT_I64;
+	r->wrapped = promote2(r->wrapped, d);
+}
+
+kiln_dtype_t rt_result(const rtype_t *r)
+{
+	kiln_dtype_t d = combine(r->dim, combine(r->zero, r->wrapped));
+	return d == KILN_DT__COUNT ? KILN_DT_F32 : d;
+}
+
+/* ---- operands: a tensor or a scalar ----------------------------------------
+ */
+
+int loperand(lnode_t *n, uint32_t pos, const char *name, operand_t *o)
+{
+	const kiln_arg_t *a = larg(n, pos, name);
+	memset(o, 0, sizeof(*o));
+	if (a == NULL)
+		return lerr(n, KILN_EINVGRAPH, "missing argument %u (%s)", pos,
+			    name ? name : "?");
+	o->arg = a;
+	if (a->kind == KILN_ARG_REF)
+		return ltensor(n, pos, name, &o->t);
+	if (a->kind == KILN_ARG_INT || a->kind == KILN_ARG_FLOAT ||
+	    a->kind == KILN_ARG_BOOL || a->kind == KILN_ARG_SYM)
+		return 0;
+	return lerr(n, KILN_EINVGRAPH,
+		    "argument %u (%s) must be a tensor or "
+		    "a number",
+		    pos, name ? name : "?");
+}
+
+void rt_operand(rtype_t *r, const operand_t *o)
+{
+	if (o->t != NULL)
+		rt_tensor(r, o->t);
+	else if (o->arg->kind == KILN_ARG_SYM)
+		r->wrapped = promote2(r->wrapped, KILN_DT_I64);
+	else
+		rt_scalar(r, o->arg);
+}
+
+/* The operand's value at VAR 0.. of the output shape, in dtype cdt. */
+const sx_t *lop_value(lnode_t *n, const operand_t *o, uint32_t rank,
+		      const kiln_dim_t *sizes, kiln_dtype_t cdt)
+{
+	cctx_t *c = n->c;
+	if (o->t != NULL)
+		return sx_cast(c, lt_bcast_body(c, o->t, rank, sizes), cdt);
+	switch (o->arg->kind) {
+	case KILN_ARG_INT: return sx_consti(c, o->arg->u.i, cdt);
+	case KILN_ARG_BOOL: return sx_consti(c, o->arg->u.b, cdt);
+	case KILN_ARG_FLOAT:
+		if (!kiln_dtype_is_float(compute_dtype(cdt)))
+			return sx_consti(c, (int64_t)o->arg->u.f, cdt);
+		return sx_constf(c, o->arg->u.f, cdt);
+	case KILN_ARG_SYM:
+		return sx_cast(c, sx_index(c, ix_intern(c, o->arg->u.sym)),
+			       cdt);
+	default: return NULL;
+	}
+}
+
+/* Broadcasts operand shapes (right-aligned); checks they agree. */
+int lbroadcast(lnode_t *n, const operand_t *ops, uint32_t n_ops, uint32_t *rank,
+	       kiln_dim_t *sizes)
+{
+	uint32_t r = 0;
+	for (uint32_t i = 0; i < n_ops; i++)
+		if (ops[i].t != NULL && ops[i].t->rank > r)
+			r = ops[i].t->rank;
+	for (uint32_t k = 0; k < r; k++)
+		sizes[k] = dim_const(1);
+	for (uint32_t i = 0; i < n_ops; i++) {
+		const lt_t *t = ops[i].t;
+		if (t == NULL)
+			continue;
+		uint32_t lead = r - t->rank;
+		for (uint32_t k = 0; k < t->rank; k++) {
+			kiln_dim_t *s = &sizes[lead + k];
+			kiln_dim_t d = t->sizes[k];
+			if (dim_is(d, 1) || dim_eq(*s, d))
+				continue;
+			if (dim_is(*s, 1)) {
+				*s = d;
+				continue;
+			}
+			char a[64], b[64];
+			kiln_expr_format(n->c->g, ix_dim(n->c, *s), a,
+					 sizeof(a));
+			kiln_expr_format(n->c->g, ix_dim(n->c, d), b,
+					 sizeof(b));
+			return lerr(n, KILN_EINVGRAPH,
+				    "shapes do not broadcast: size %s against "
+				    "%s at dim %u",
+				    a, b, lead + k);
+		}
+	}
+	*rank = r;
+	return 0;
+}
+
+/* ---- the driver -------------------------------------------------------------
+ */
+
+#include "compiler/ops.h"
+
+static const op_entry_t *find_op(const char *name)
+{
+	for (size_t i = 0; i < kiln__n_ops; i++)
+		if (strcmp(kiln__ops[i].name, name) == 0)
+			return &kiln__ops[i];
+	return NULL;
+}
+
+bool kiln__op_supported(const char *name)
+{
+	return find_op(name) != NULL;
+}
+
+static int bind_input(cctx_t *c, uint32_t i)
+{
+	const kiln_value_t *v = &c->g->values[i];
+	if (v->kind != KILN_VAL_TENSOR)
+		return 0;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < v->rank; k++)
+		sizes[k] = dim_of(ix_dim(c, v->sizes[k]));
+	uint32_t b = new_buf(c, CB_INPUT, v->dtype, v->rank, sizes);
+	if (b == UINT32_MAX)
+		return -ENOMEM;
+	c->bufs[b].input = (int32_t)i;
+	lt_t *t = lt_new(c, v->dtype, v->rank, sizes);
+	if (t == NULL)
+		return -ENOMEM;
+	t->is_buf = true;
+	t->buf = b;
+	for (uint32_t k = 0; k < v->rank; k++)
+		t->strides[k] = dim_of(ix_dim(c, v->strides[k]));
+	c->vals[i] = t;
+	return 0;
+}
+
+static void count_use(cctx_t *c, const kiln_arg_t *a)
+{
+	if (a->kind == KILN_ARG_REF)
+		c->uses[a->u.ref]++;
+	else if (a->kind == KILN_ARG_LIST)
+		for (uint32_t i = 0; i < a->n; i++)
+			count_use(c, &a->u.list[i]);
+}
+
+/* Whether a lazy value should be realized now (see the file comment). */
+static bool must_realize(const lt_t *t, uint32_t uses)
+{
+	if (t->is_buf)
+		return false;
+	uint32_t size = sx_size(t->body, 400);
+	if (size >= 400)
+		return true;
+	if (uses > 1 && sx_is_heavy(t->body))
+		return true;
+	if (uses > 6)
+		return true;
+	return false;
+}
+
+static int realize_refs(cctx_t *c, const kiln_arg_t *a, int32_t node)
+{
+	if (a->kind == KILN_ARG_LIST) {
+		for (uint32_t i = 0; i < a->n; i++) {
+			int rc = realize_refs(c, &a->u.list[i], node);
+			if (rc != 0)
+				return rc;
+		}
+		return 0;
+	}
+	if (a->kind != KILN_ARG_REF || c->vals[a->u.ref] == NULL)
+		return 0;
+	lt_t *t = c->vals[a->u.ref];
+	if (t->is_buf)
+		return 0;
+	return lt_realize(c, t, node, &c->vals[a->u.ref]);
+}
+
+/* An op kiln does not lower: a fallback step that the Python runtime runs
+ * through torch. Its tensor inputs are made buffers; its outputs are new
+ * contiguous buffers with the declared shapes. */
+static int lower_fallback(cctx_t *c, lnode_t *ln)
+{
+	const kiln_node_t *nd = ln->n;
+	for (uint32_t k = 0; k < nd->n_args; k++) {
+		int rc = realize_refs(c, &nd->args[k], (int32_t)ln->index);
+		if (rc != 0)
+			return rc;
+	}
+	for (uint32_t k = 0; k < nd->n_kwargs; k++) {
+		int rc =
+		    realize_refs(c, &nd->kwargs[k].val, (int32_t)ln->index);
+		if (rc != 0)
+			return rc;
+	}
+	int32_t ni = new_cnode(c);
+	if (ni < 0)
+		return -ENOMEM;
+	uint32_t *outs =
+	    kiln_arena_calloc(c->arena, nd->n_out + 1, sizeof(uint32_t));
+	if (outs == NULL)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < nd->n_out; k++) {
+		const kiln_value_t *v = &c->g->values[nd->out_first + k];
+		outs[k] = UINT32_MAX;
+		if (v->kind != KILN_VAL_TENSOR)
+			continue;
+		kiln_dim_t sizes[CIR_MAX_RANK];
+		for (uint32_t i = 0; i < v->rank; i++)
+			sizes[i] = dim_of(ix_dim(c, v->sizes[i]));
+		uint32_t b = new_buf(c, CB_TEMP, v->dtype, v->rank, sizes);
+		if (b == UINT32_MAX)
+			return -ENOMEM;
+		c->bufs[b].producer = ni;
+		c->bufs[b].in_memory = true;
+		outs[k] = b;
+		c->vals[nd->out_first + k] = lt_buf(c, b);
+		if (c->vals[nd->out_first + k] == NULL)
+			return -ENOMEM;
+	}
+	cnode_t *cn = &c->nodes[ni];
+	cn->fallback = true;
+	cn->node = (int32_t)ln->index;
+	cn->n_fbout = nd->n_out;
+	cn->fbout = outs;
+	cn->buf = nd->n_out > 0 && outs[0] != UINT32_MAX ? outs[0] : 0;
+	cn->body = sx_consti(c, 0, KILN_DT_I64);
+	return cn->body ? 0 : -ENOMEM;
+}
+
+int lower_graph(cctx_t *c)
+{
+	const kiln_graph_t *g = c->g;
+	c->vals = cir_alloc(c, sizeof(lt_t *) * (g->n_values + 1));
+	c->uses = cir_alloc(c, sizeof(uint32_t) * (g->n_values + 1));
+	if (c->vals == NULL || c->uses == NULL)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < g->n_nodes; i++) {
+		const kiln_node_t *nd = &g->nodes[i];
+		for (uint32_t k = 0; k < nd->n_args; k++)
+			count_use(c, &nd->args[k]);
+		for (uint32_t k = 0; k < nd->n_kwargs; k++)
+			count_use(c, &nd->kwargs[k].val);
+	}
+	for (uint32_t i = 0; i < g->n_outputs; i++)
+		count_use(c, &g->outputs[i]);
+	for (uint32_t i = 0; i < g->n_inputs; i++) {
+		int rc = bind_input(c, i);
+		if (rc != 0)
+			return rc;
+	}
+	for (uint32_t i = 0; i < g->n_nodes; i++) {
+		const kiln_node_t *nd = &g->nodes[i];
+		lnode_t ln;
+		memset(&ln, 0, sizeof(ln));
+		ln.c = c;
+		ln.n = nd;
+		ln.index = i;
+		const op_entry_t *op = find_op(nd->op);
+		int rc;
+		if (op == NULL) {
+			rc = lower_fallback(c, &ln);
+		} else {
+			ln.param = op->param;
+			set_var_ranges(c, 0, NULL);
+			rc = op->fn(c, &ln);
+			set_var_ranges(c, 0, NULL);
+		}
+		if (rc != 0)
+			return rc;
+		for (uint32_t k = 0; k < nd->n_out; k++) {
+			uint32_t v = nd->out_first + k;
+			lt_t *t = c->vals[v];
+			if (t == NULL) {
+				const kiln_value_t *dv = &g->values[v];
+				if (dv->kind == KILN_VAL_TENSOR &&
+				    c->uses[v] > 0)
+					return lerr(&ln, KILN_EINVGRAPH,
+						    "out %u is used but the op "
+						    "does not produce it",
+						    k);
+				continue;
+			}
+			if (must_realize(t, c->uses[v])) {
+				rc = lt_realize(c, t, (int32_t)i, &c->vals[v]);
+				if (rc != 0)
+					return rc;
+			}
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,377 @@
+/*
+ * mathfn.c — transcendental functions emitted as IR, so they vectorize and
+ * inline into the kernels (and later carry over to NVPTX unchanged).
+ *
+ * f32: Cephes-style range reduction + minimax polynomials: exp, log, tanh,
+ * sigmoid, erf, sin, cos, tan, atan and the functions built from them
+ * (exp2, log2, log1p, expm1). Accuracy: within ~2-4 ulp of the correctly
+ * rounded result on the normal range; results that would be f32 denormals
+ * flush to zero (exp below -87.3); sin/cos lose accuracy for |x| > 8192.
+ * f64 and the rare binary functions (pow, atan2) call libm per lane.
+ *
+ * The alternative, glibc's libmvec (_ZGVeN16v_expf ...), is selected with
+ * KILN_MATH=libmvec for exp/log/sin/cos; compiler/README.md records the
+ * measurement that made the polynomials the default.
+ */
+#include "compiler/cg.h"
+
+#include <math.h>
+#include <string.h>
+
+#define F(v)		 cg_const_f(g, (v), KILN_DT_F32, w)
+#define I(v)		 cg_const_i(g, (v), KILN_DT_I32, w)
+#define FADD(x_, y_)	 LLVMBuildFAdd(g->b, (x_), (y_), "")
+#define FSUB(x_, y_)	 LLVMBuildFSub(g->b, (x_), (y_), "")
+#define FMUL(x_, y_)	 LLVMBuildFMul(g->b, (x_), (y_), "")
+#define FDIV(x_, y_)	 LLVMBuildFDiv(g->b, (x_), (y_), "")
+#define SEL(c_, x_, y_)	 LLVMBuildSelect(g->b, (c_), (x_), (y_), "")
+#define FCMP(p_, x_, y_) LLVMBuildFCmp(g->b, (p_), (x_), (y_), "")
+
+static LLVMValueRef fma_(gen_t *g, LLVMValueRef a, LLVMValueRef b,
+			 LLVMValueRef c)
+{
+	LLVMTypeRef t = LLVMTypeOf(a);
+	LLVMValueRef args[3] = {a, b, c};
+	return cg_intr(g, "llvm.fma", &t, 1, args, 3);
+}
+
+static LLVMValueRef un_intr(gen_t *g, const char *name, LLVMValueRef x)
+{
+	LLVMTypeRef t = LLVMTypeOf(x);
+	return cg_intr(g, name, &t, 1, &x, 1);
+}
+
+/* Horner: c[0]*x^(n-1) + ... + c[n-1] */
+static LLVMValueRef poly(gen_t *g, LLVMValueRef x, const double *c, int n,
+			 int w)
+{
+	LLVMValueRef y = F(c[0]);
+	for (int i = 1; i < n; i++)
+		y = fma_(g, y, x, F(c[i]));
+	return y;
+}
+
+static LLVMValueRef as_int(gen_t *g, LLVMValueRef x, int w)
+{
+	return LLVMBuildBitCast(g->b, x, cg_type(g, KILN_DT_I32, w), "");
+}
+
+static LLVMValueRef as_float(gen_t *g, LLVMValueRef x, int w)
+{
+	return LLVMBuildBitCast(g->b, x, cg_type(g, KILN_DT_F32, w), "");
+}
+
+/* 2^n for integral-valued float n in [-126, 127]. */
+static LLVMValueRef pow2i(gen_t *g, LLVMValueRef n, int w)
+{
+	LLVMValueRef ni =
+	    LLVMBuildFPToSI(g->b, n, cg_type(g, KILN_DT_I32, w), "");
+	ni = LLVMBuildAdd(g->b, ni, I(127), "");
+	ni = LLVMBuildShl(g->b, ni, I(23), "");
+	return as_float(g, ni, w);
+}
+
+static LLVMValueRef exp_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	static const double p[] = {1.9875691500E-4, 1.3981999507E-3,
+				   8.3334519073E-3, 4.1665795894E-2,
+				   1.6666665459E-1, 5.0000001201E-1};
+	LLVMValueRef xc = x;
+	xc = SEL(FCMP(LLVMRealOGT, xc, F(88.72283935546875)),
+		 F(88.72283935546875), xc);
+	xc = SEL(FCMP(LLVMRealOLT, xc, F(-87.33654475)), F(-87.33654475), xc);
+	LLVMValueRef n = un_intr(g, "llvm.floor",
+				 fma_(g, xc, F(1.44269504088896341), F(0.5)));
+	/* keep 2^n representable: n <= 127 */
+	n = SEL(FCMP(LLVMRealOGT, n, F(127)), F(127), n);
+	LLVMValueRef r = fma_(g, n, F(-0.693359375), xc);
+	r = fma_(g, n, F(2.12194440e-4), r);
+	LLVMValueRef z = FMUL(r, r);
+	LLVMValueRef y = poly(g, r, p, 6, w);
+	y = fma_(g, y, z, FADD(r, F(1.0)));
+	y = FMUL(y, pow2i(g, n, w));
+	/* overflow, underflow, NaN */
+	y = SEL(FCMP(LLVMRealOGT, x, F(88.72283935546875)), F(INFINITY), y);
+	y = SEL(FCMP(LLVMRealOLT, x, F(-87.33654475)), F(0.0), y);
+	return SEL(FCMP(LLVMRealUNO, x, x), x, y);
+}
+
+static LLVMValueRef log_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	static const double p[] = {
+	    7.0376836292E-2,  -1.1514610310E-1, 1.1676998740E-1,
+	    -1.2420140846E-1, 1.4249322787E-1,	-1.6668057665E-1,
+	    2.0000714765E-1,  -2.4999993993E-1, 3.3333331174E-1};
+	/* scale denormals up */
+	LLVMValueRef den = FCMP(LLVMRealOLT, x, F(1.17549435e-38));
+	LLVMValueRef xs = SEL(den, FMUL(x, F(8388608.0)), x);
+	LLVMValueRef eoff = SEL(den, F(-23.0), F(0.0));
+	LLVMValueRef xi = as_int(g, xs, w);
+	LLVMValueRef e =
+	    LLVMBuildSub(g->b, LLVMBuildLShr(g->b, xi, I(23), ""), I(126), "");
+	LLVMValueRef m = as_float(
+	    g,
+	    LLVMBuildOr(g->b, LLVMBuildAnd(g->b, xi, I(0x007fffff), ""),
+			I(0x3f000000), ""),
+	    w); /* [0.5, 1) */
+	LLVMValueRef ef = FADD(
+	    LLVMBuildSIToFP(g->b, e, cg_type(g, KILN_DT_F32, w), ""), eoff);
+	LLVMValueRef small = FCMP(LLVMRealOLT, m, F(0.707106781186547524));
+	ef = SEL(small, FSUB(ef, F(1.0)), ef);
+	m = SEL(small, FSUB(FADD(m, m), F(1.0)), FSUB(m, F(1.0)));
+	LLVMValueRef z = FMUL(m, m);
+	LLVMValueRef y = FMUL(FMUL(poly(g, m, p, 9, w), m), z);
+	y = fma_(g, ef, F(-2.12194440e-4), y);
+	y = fma_(g, z, F(-0.5), y);
+	LLVMValueRef r = FADD(m, y);
+	r = fma_(g, ef, F(0.693359375), r);
+	/* specials */
+	r = SEL(FCMP(LLVMRealOEQ, x, F(INFINITY)), F(INFINITY), r);
+	r = SEL(FCMP(LLVMRealOEQ, x, F(0.0)), F(-INFINITY), r);
+	r = SEL(FCMP(LLVMRealOLT, x, F(0.0)), F(NAN), r);
+	return SEL(FCMP(LLVMRealUNO, x, x), x, r);
+}
+
+static LLVMValueRef tanh_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	static const double p[] = {-5.70498872745E-3, 2.06390887954E-2,
+				   -5.37397155531E-2, 1.33314422036E-1,
+				   -3.33332819422E-1};
+	LLVMValueRef ax = un_intr(g, "llvm.fabs", x);
+	LLVMValueRef z = FMUL(x, x);
+	LLVMValueRef small = fma_(g, FMUL(poly(g, z, p, 5, w), z), x, x);
+	LLVMValueRef e = exp_f32(g, FADD(ax, ax), w);
+	LLVMValueRef big = FSUB(F(1.0), FDIV(F(2.0), FADD(e, F(1.0))));
+	LLVMValueRef xt = as_int(g, x, w);
+	LLVMValueRef sign = LLVMBuildAnd(g->b, xt, I((int32_t)0x80000000), "");
+	big = as_float(g, LLVMBuildOr(g->b, as_int(g, big, w), sign, ""), w);
+	LLVMValueRef r = SEL(FCMP(LLVMRealOLT, ax, F(0.625)), small, big);
+	return SEL(FCMP(LLVMRealUNO, x, x), x, r);
+}
+
+static LLVMValueRef sigmoid_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	LLVMValueRef e = exp_f32(g, LLVMBuildFNeg(g->b, x, ""), w);
+	return FDIV(F(1.0), FADD(F(1.0), e));
+}
+
+static LLVMValueRef erf_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	static const double t[] = {7.853861353153693E-5, -8.010193625184903E-4,
+				   5.188327685732524E-3, -2.685381193529856E-2,
+				   1.128358514861418E-1, -3.761262582423300E-1,
+				   1.128379165726710E0};
+	LLVMValueRef ax = un_intr(g, "llvm.fabs", x);
+	LLVMValueRef z = FMUL(x, x);
+	LLVMValueRef small = FMUL(x, poly(g, z, t, 7, w));
+	/* |x| >= 1: 1 - erfc(|x|), A&S 7.1.26 refined: erfc = poly(t) e^-x² */
+	static const double a[] = {1.061405429,	 -1.453152027, 1.421413741,
+				   -0.284496736, 0.254829592,  0.0};
+	LLVMValueRef tt = FDIV(F(1.0), fma_(g, ax, F(0.3275911), F(1.0)));
+	LLVMValueRef pp = poly(g, tt, a, 6, w);
+	LLVMValueRef ec = FMUL(pp, exp_f32(g, LLVMBuildFNeg(g->b, z, ""), w));
+	LLVMValueRef big = FSUB(F(1.0), ec);
+	LLVMValueRef xt = as_int(g, x, w);
+	LLVMValueRef sign = LLVMBuildAnd(g->b, xt, I((int32_t)0x80000000), "");
+	big = as_float(g, LLVMBuildOr(g->b, as_int(g, big, w), sign, ""), w);
+	big = SEL(
+	    FCMP(LLVMRealOGT, ax, F(10.0)),
+	    as_float(g, LLVMBuildOr(g->b, as_int(g, F(1.0), w), sign, ""), w),
+	    big);
+	LLVMValueRef r = SEL(FCMP(LLVMRealOLT, ax, F(1.0)), small, big);
+	return SEL(FCMP(LLVMRealUNO, x, x), x, r);
+}
+
+/* sin (want_cos false) or cos of x. */
+static LLVMValueRef sincos_f32(gen_t *g, LLVMValueRef x, int w, bool want_cos)
+{
+	static const double sp[] = {-1.9515295891E-4, 8.3321608736E-3,
+				    -1.6666654611E-1};
+	static const double cp[] = {2.443315711809948E-005,
+				    -1.388731625493765E-003,
+				    4.166664568298827E-002};
+	LLVMTypeRef it = cg_type(g, KILN_DT_I32, w);
+	LLVMValueRef ax = un_intr(g, "llvm.fabs", x);
+	LLVMValueRef j =
+	    LLVMBuildFPToSI(g->b, FMUL(ax, F(1.27323954473516)), it, "");
+	LLVMValueRef odd = LLVMBuildAnd(g->b, j, I(1), "");
+	j = LLVMBuildAdd(g->b, j, odd, "");
+	LLVMValueRef y =
+	    LLVMBuildSIToFP(g->b, j, cg_type(g, KILN_DT_F32, w), "");
+	j = LLVMBuildAnd(g->b, j, I(7), "");
+	LLVMValueRef gt3 = LLVMBuildICmp(g->b, LLVMIntSGT, j, I(3), "");
+	j = SEL(gt3, LLVMBuildSub(g->b, j, I(4), ""), j);
+	LLVMValueRef r = fma_(g, y, F(-0.78515625), ax);
+	r = fma_(g, y, F(-2.4187564849853515625e-4), r);
+	r = fma_(g, y, F(-3.77489497744594108e-8), r);
+	LLVMValueRef z = FMUL(r, r);
+	LLVMValueRef s = fma_(g, FMUL(poly(g, z, sp, 3, w), z), r, r);
+	LLVMValueRef cc = FADD(fma_(g, z, F(-0.5), F(1.0)),
+			       FMUL(FMUL(poly(g, z, cp, 3, w), z), z));
+	LLVMValueRef j12 =
+	    LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, j, I(1), ""),
+			LLVMBuildICmp(g->b, LLVMIntEQ, j, I(2), ""), "");
+	LLVMValueRef res, neg;
+	if (!want_cos) {
+		res = SEL(j12, cc, s);
+		neg = LLVMBuildXor(g->b, FCMP(LLVMRealOLT, x, F(0.0)), gt3, "");
+	} else {
+		res = SEL(j12, s, cc);
+		neg = LLVMBuildXor(g->b, gt3,
+				   LLVMBuildICmp(g->b, LLVMIntSGT, j, I(1), ""),
+				   "");
+	}
+	res = SEL(neg, LLVMBuildFNeg(g->b, res, ""), res);
+	res = SEL(FCMP(LLVMRealOEQ, ax, F(INFINITY)), F(NAN), res);
+	return SEL(FCMP(LLVMRealUNO, x, x), x, res);
+}
+
+static LLVMValueRef atan_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	static const double p[] = {8.05374449538e-2, -1.38776856032E-1,
+				   1.99777106478E-1, -3.33329491539E-1};
+	LLVMValueRef ax = un_intr(g, "llvm.fabs", x);
+	LLVMValueRef big = FCMP(LLVMRealOGT, ax, F(2.414213562373095));
+	LLVMValueRef mid = FCMP(LLVMRealOGT, ax, F(0.4142135623730950));
+	LLVMValueRef xr =
+	    SEL(big, FDIV(F(-1.0), ax),
+		SEL(mid, FDIV(FSUB(ax, F(1.0)), FADD(ax, F(1.0))), ax));
+	LLVMValueRef y0 = SEL(big, F(1.5707963267948966),
+			      SEL(mid, F(0.7853981633974483), F(0)));
+	LLVMValueRef z = FMUL(xr, xr);
+	LLVMValueRef y =
+	    FADD(y0, fma_(g, FMUL(poly(g, z, p, 4, w), z), xr, xr));
+	LLVMValueRef xt = as_int(g, x, w);
+	LLVMValueRef sign = LLVMBuildAnd(g->b, xt, I((int32_t)0x80000000), "");
+	y = as_float(g, LLVMBuildOr(g->b, as_int(g, y, w), sign, ""), w);
+	return SEL(FCMP(LLVMRealUNO, x, x), x, y);
+}
+
+/* Calls a libm function lane by lane. */
+static LLVMValueRef libm_lanes(gen_t *g, const char *name, LLVMValueRef x,
+			       LLVMValueRef y, kiln_dtype_t dt, int w)
+{
+	LLVMTypeRef st = cg_scalar_type(g, dt);
+	LLVMTypeRef pt[2] = {st, st};
+	unsigned np = y ? 2 : 1;
+	LLVMTypeRef ft = LLVMFunctionType(st, pt, np, 0);
+	LLVMValueRef f = LLVMGetNamedFunction(g->mod, name);
+	if (f == NULL) {
+		f = LLVMAddFunction(g->mod, name, ft);
+		unsigned nounwind =
+		    LLVMGetEnumAttributeKindForName("nounwind", 8);
+		LLVMAddAttributeAtIndex(
+		    f, LLVMAttributeFunctionIndex,
+		    LLVMCreateEnumAttribute(g->ctx, nounwind, 0));
+	}
+	if (w <= 1) {
+		LLVMValueRef args[2] = {x, y};
+		return LLVMBuildCall2(g->b, ft, f, args, np, "");
+	}
+	LLVMValueRef v = LLVMGetUndef(LLVMVectorType(st, (unsigned)w));
+	for (int l = 0; l < w; l++) {
+		LLVMValueRef li = LLVMConstInt(g->i32, (uint64_t)l, 0);
+		LLVMValueRef args[2] = {
+		    LLVMBuildExtractElement(g->b, x, li, ""),
+		    y ? LLVMBuildExtractElement(g->b, y, li, "") : NULL};
+		v = LLVMBuildInsertElement(
+		    g->b, v, LLVMBuildCall2(g->b, ft, f, args, np, ""), li, "");
+	}
+	return v;
+}
+
+/* glibc libmvec variants (AVX-512: 16 lanes, AVX2: 8). */
+static LLVMValueRef libmvec(gen_t *g, const char *base, LLVMValueRef x, int w)
+{
+	char name[48];
+	if (w == 16)
+		snprintf(name, sizeof(name), "_ZGVeN16v_%sf", base);
+	else if (w == 8)
+		snprintf(name, sizeof(name), "_ZGVdN8v_%sf", base);
+	else if (w == 4)
+		snprintf(name, sizeof(name), "_ZGVbN4v_%sf", base);
+	else
+		return NULL;
+	LLVMTypeRef vt = LLVMTypeOf(x);
+	LLVMTypeRef ft = LLVMFunctionType(vt, &vt, 1, 0);
+	LLVMValueRef f = LLVMGetNamedFunction(g->mod, name);
+	if (f == NULL)
+		f = LLVMAddFunction(g->mod, name, ft);
+	return LLVMBuildCall2(g->b, ft, f, &x, 1, "");
+}
+
+static const char *libm_name(sx_op_t op, bool f32)
+{
+	switch (op) {
+	case OP_EXP: return f32 ? "expf" : "exp";
+	case OP_EXP2: return f32 ? "exp2f" : "exp2";
+	case OP_LOG: return f32 ? "logf" : "log";
+	case OP_LOG2: return f32 ? "log2f" : "log2";
+	case OP_LOG1P: return f32 ? "log1pf" : "log1p";
+	case OP_EXPM1: return f32 ? "expm1f" : "expm1";
+	case OP_SIN: return f32 ? "sinf" : "sin";
+	case OP_COS: return f32 ? "cosf" : "cos";
+	case OP_TAN: return f32 ? "tanf" : "tan";
+	case OP_TANH: return f32 ? "tanhf" : "tanh";
+	case OP_ERF: return f32 ? "erff" : "erf";
+	case OP_ATAN: return f32 ? "atanf" : "atan";
+	case OP_POW: return f32 ? "powf" : "pow";
+	case OP_ATAN2: return f32 ? "atan2f" : "atan2";
+	default: return NULL;
+	}
+}
+
+LLVMValueRef cg_math(gen_t *g, sx_op_t op, LLVMValueRef x, LLVMValueRef y,
+		     kiln_dtype_t dt, int w)
+{
+	if (dt != KILN_DT_F32) {
+		if (op == OP_SIGMOID) {
+			LLVMValueRef e = libm_lanes(
+			    g, "exp", LLVMBuildFNeg(g->b, x, ""), NULL, dt, w);
+			return FDIV(cg_const_f(g, 1, dt, w),
+				    FADD(cg_const_f(g, 1, dt, w), e));
+		}
+		return libm_lanes(g, libm_name(op, false), x, y, dt, w);
+	}
+	if (g->use_libmvec && w > 1 &&
+	    (op == OP_EXP || op == OP_LOG || op == OP_SIN || op == OP_COS)) {
+		const char *b = op == OP_EXP   ? "exp"
+				: op == OP_LOG ? "log"
+				: op == OP_SIN ? "sin"
+					       : "cos";
+		LLVMValueRef r = libmvec(g, b, x, w);
+		if (r != NULL)
+			return r;
+	}
+	switch (op) {
+	case OP_EXP: return exp_f32(g, x, w);
+	case OP_EXP2: return exp_f32(g, FMUL(x, F(0.693147180559945309)), w);
+	case OP_LOG: return log_f32(g, x, w);
+	case OP_LOG2: return FMUL(log_f32(g, x, w), F(1.44269504088896341));
+	case OP_LOG1P: {
+		LLVMValueRef u = FADD(x, F(1.0));
+		LLVMValueRef d = FSUB(u, F(1.0));
+		LLVMValueRef r = FDIV(FMUL(log_f32(g, u, w), x), d);
+		r = SEL(FCMP(LLVMRealOEQ, d, F(0.0)), x, r);
+		return SEL(FCMP(LLVMRealOEQ, u, F(INFINITY)), u, r);
+	}
+	case OP_EXPM1: {
+		LLVMValueRef u = exp_f32(g, x, w);
+		LLVMValueRef d = FSUB(u, F(1.0));
+		LLVMValueRef r = FDIV(FMUL(d, x), log_f32(g, u, w));
+		r = SEL(FCMP(LLVMRealOEQ, u, F(1.0)), x, r);
+		r = SEL(FCMP(LLVMRealOEQ, d, F(-1.0)), F(-1.0), r);
+		return SEL(FCMP(LLVMRealOEQ, u, F(INFINITY)), u, r);
+	}
+	case OP_TANH: return tanh_f32(g, x, w);
+	case OP_SIGMOID: return sigmoid_f32(g, x, w);
+	case OP_ERF: return erf_f32(g, x, w);
+	case OP_SIN: return sincos_f32(g, x, w, false);
+	case OP_COS: return sincos_f32(g, x, w, true);
+	case OP_TAN:
+		return FDIV(sincos_f32(g, x, w, false),
+			    sincos_f32(g, x, w, true));
+	case OP_ATAN: return atan_f32(g, x, w);
+	default: return libm_lanes(g, libm_name(op, true), x, y, dt, w);
+	}
+}

@@ -1,0 +1,971 @@
+/*
+ * ops_view.c — views and layout ops. A view of a buffer is a new strided
+ * view of the same buffer (no copy, no kernel); a view of a lazy tensor
+ * re-indexes its body. Padding, cat and the backward of slicing build
+ * guarded loads: a load outside its source is never executed.
+ */
+#include "compiler/ops.h"
+
+#include <errno.h>
+#include <string.h>
+
+static lt_t *lt_copy(cctx_t *c, const lt_t *t)
+{
+	lt_t *u = cir_alloc(c, sizeof(*u));
+	if (u != NULL)
+		*u = *t;
+	return u;
+}
+
+/* Re-indexes a lazy tensor: new tensor of (rank, sizes) whose element at
+ * VAR 0.. is t's element at map[0 .. t->rank). */
+static lt_t *reindex(cctx_t *c, const lt_t *t, uint32_t rank,
+		     const kiln_dim_t *sizes, const kiln_expr_t *const *map)
+{
+	const sx_t *b = lt_at(c, t, map);
+	return lt_fn(c, t->dtype, rank, sizes, b);
+}
+
+lt_t *lt_permute(cctx_t *c, const lt_t *t, const uint32_t *perm)
+{
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	for (uint32_t j = 0; j < t->rank; j++)
+		sizes[j] = t->sizes[perm[j]];
+	if (t->is_buf) {
+		lt_t *u = lt_copy(c, t);
+		if (u == NULL)
+			return NULL;
+		for (uint32_t j = 0; j < t->rank; j++) {
+			u->sizes[j] = t->sizes[perm[j]];
+			u->strides[j] = t->strides[perm[j]];
+		}
+		return u;
+	}
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t j = 0; j < t->rank; j++)
+		map[perm[j]] = ix_var(c, j);
+	return reindex(c, t, t->rank, sizes, map);
+}
+
+lt_t *lt_unsqueeze(cctx_t *c, const lt_t *t, uint32_t d)
+{
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	uint32_t r = t->rank + 1;
+	for (uint32_t j = 0, k = 0; j < r; j++)
+		sizes[j] = j == d ? dim_const(1) : t->sizes[k++];
+	if (t->is_buf) {
+		lt_t *u = lt_copy(c, t);
+		if (u == NULL)
+			return NULL;
+		u->rank = r;
+		for (uint32_t j = 0, k = 0; j < r; j++) {
+			u->sizes[j] = sizes[j];
+			u->strides[j] = j == d ? dim_const(0) : t->strides[k++];
+		}
+		return u;
+	}
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < t->rank; k++)
+		map[k] = ix_var(c, k < d ? k : k + 1);
+	return reindex(c, t, r, sizes, map);
+}
+
+lt_t *lt_squeeze_dim(cctx_t *c, const lt_t *t, uint32_t d)
+{
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	uint32_t r = t->rank - 1;
+	for (uint32_t j = 0, k = 0; k < t->rank; k++)
+		if (k != d)
+			sizes[j++] = t->sizes[k];
+	if (t->is_buf) {
+		lt_t *u = lt_copy(c, t);
+		if (u == NULL)
+			return NULL;
+		u->rank = r;
+		for (uint32_t j = 0, k = 0; k < t->rank; k++)
+			if (k != d) {
+				u->sizes[j] = t->sizes[k];
+				u->strides[j] = t->strides[k];
+				j++;
+			}
+		return u;
+	}
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < t->rank; k++)
+		map[k] = k == d ? ix_const(c, 0) : ix_var(c, k < d ? k : k - 1);
+	return reindex(c, t, r, sizes, map);
+}
+
+lt_t *lt_expand(cctx_t *c, const lt_t *t, uint32_t rank,
+		const kiln_dim_t *sizes)
+{
+	uint32_t lead = rank - t->rank;
+	if (t->is_buf) {
+		lt_t *u = lt_copy(c, t);
+		if (u == NULL)
+			return NULL;
+		u->rank = rank;
+		for (uint32_t j = 0; j < rank; j++) {
+			u->sizes[j] = sizes[j];
+			if (j < lead) {
+				u->strides[j] = dim_const(0);
+			} else {
+				uint32_t k = j - lead;
+				bool b = dim_is(t->sizes[k], 1) &&
+					 !dim_is(sizes[j], 1);
+				u->strides[j] =
+				    b ? dim_const(0) : t->strides[k];
+			}
+		}
+		return u;
+	}
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < t->rank; k++) {
+		bool b = dim_is(t->sizes[k], 1) && !dim_is(sizes[lead + k], 1);
+		map[k] = b ? ix_const(c, 0) : ix_var(c, lead + k);
+	}
+	return reindex(c, t, rank, sizes, map);
+}
+
+lt_t *lt_slice(cctx_t *c, const lt_t *t, uint32_t d, const kiln_expr_t *start,
+	       const kiln_expr_t *len, int64_t step)
+{
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	memcpy(sizes, t->sizes, sizeof(kiln_dim_t) * t->rank);
+	sizes[d] = dim_of(len);
+	if (t->is_buf) {
+		lt_t *u = lt_copy(c, t);
+		if (u == NULL)
+			return NULL;
+		u->sizes[d] = sizes[d];
+		u->offset =
+		    dim_of(ix_add(c, ix_dim(c, t->offset),
+				  ix_mul(c, start, ix_dim(c, t->strides[d]))));
+		u->strides[d] = dim_mul(c, t->strides[d], dim_const(step));
+		return u;
+	}
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < t->rank; k++)
+		map[k] = ix_var(c, k);
+	map[d] = ix_add(c, start, ix_mul(c, ix_const(c, step), ix_var(c, d)));
+	return reindex(c, t, t->rank, sizes, map);
+}
+
+/* torch's computeStride: strides of a view of (sizes, strides) as
+ * newshape, when one exists. Static sizes only. */
+static bool view_strides(uint32_t orank, const int64_t *osz, const int64_t *ost,
+			 uint32_t nrank, const int64_t *nsz, int64_t *nst)
+{
+	if (orank == 0) {
+		for (uint32_t i = 0; i < nrank; i++)
+			nst[i] = 1;
+		return true;
+	}
+	int64_t numel = 1;
+	for (uint32_t i = 0; i < orank; i++)
+		numel *= osz[i];
+	if (numel == 0) {
+		int64_t s = 1;
+		for (uint32_t i = nrank; i-- > 0;) {
+			nst[i] = s;
+			s *= nsz[i] > 1 ? nsz[i] : 1;
+		}
+		return true;
+	}
+	int64_t view_d = (int64_t)nrank - 1;
+	int64_t chunk = ost[orank - 1];
+	int64_t tnumel = 1, vnumel = 1;
+	for (int64_t td = (int64_t)orank - 1; td >= 0; td--) {
+		tnumel *= osz[td];
+		if (td == 0 ||
+		    (osz[td - 1] != 1 && ost[td - 1] != tnumel * chunk)) {
+			while (view_d >= 0 &&
+			       (vnumel < tnumel || nsz[view_d] == 1)) {
+				nst[view_d] = vnumel * chunk;
+				vnumel *= nsz[view_d];
+				view_d--;
+			}
+			if (vnumel != tnumel)
+				return false;
+			if (td > 0) {
+				chunk = ost[td - 1];
+				tnumel = 1;
+				vnumel = 1;
+			}
+		}
+	}
+	return view_d == -1;
+}
+
+static bool is_contig(cctx_t *c, const lt_t *t)
+{
+	kiln_dim_t s = dim_const(1);
+	for (uint32_t i = t->rank; i-- > 0;) {
+		if (!dim_is(t->sizes[i], 1) && !dim_eq(t->strides[i], s))
+			return false;
+		kiln_dim_t sz =
+		    dim_is(t->sizes[i], 0) ? dim_const(1) : t->sizes[i];
+		s = dim_mul(c, s, sz);
+	}
+	return true;
+}
+
+lt_t *lt_reshape(cctx_t *c, const lt_t *t, uint32_t rank,
+		 const kiln_dim_t *sizes)
+{
+	if (t->is_buf) {
+		if (is_contig(c, t)) {
+			lt_t *u = lt_copy(c, t);
+			if (u == NULL)
+				return NULL;
+			u->rank = rank;
+			kiln_dim_t s = dim_const(1);
+			for (uint32_t i = rank; i-- > 0;) {
+				u->sizes[i] = sizes[i];
+				u->strides[i] = s;
+				s = dim_mul(c, s,
+					    dim_is(sizes[i], 0) ? dim_const(1)
+								: sizes[i]);
+			}
+			return u;
+		}
+		bool stat = true;
+		int64_t osz[CIR_MAX_RANK], ost[CIR_MAX_RANK], nsz[CIR_MAX_RANK],
+		    nst[CIR_MAX_RANK];
+		for (uint32_t i = 0; i < t->rank; i++) {
+			stat = stat && t->sizes[i].e == NULL &&
+			       t->strides[i].e == NULL;
+			osz[i] = t->sizes[i].c;
+			ost[i] = t->strides[i].c;
+		}
+		for (uint32_t i = 0; i < rank; i++) {
+			stat = stat && sizes[i].e == NULL;
+			nsz[i] = sizes[i].c;
+		}
+		if (stat && view_strides(t->rank, osz, ost, rank, nsz, nst)) {
+			lt_t *u = lt_copy(c, t);
+			if (u == NULL)
+				return NULL;
+			u->rank = rank;
+			for (uint32_t i = 0; i < rank; i++) {
+				u->sizes[i] = sizes[i];
+				u->strides[i] = dim_const(nst[i]);
+			}
+			return u;
+		}
+	}
+	/* general: through the row-major linear index */
+	set_var_ranges(c, rank, sizes);
+	const kiln_expr_t *lin = ix_const(c, 0);
+	kiln_dim_t s = dim_const(1);
+	for (uint32_t i = rank; i-- > 0;) {
+		lin = ix_add(c, lin, ix_mul(c, ix_var(c, i), ix_dim(c, s)));
+		s = dim_mul(c, s, sizes[i]);
+	}
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	s = dim_const(1);
+	for (uint32_t k = t->rank; k-- > 0;) {
+		const kiln_expr_t *q = ix_floordiv(c, lin, ix_dim(c, s));
+		map[k] = k == 0 ? q : ix_mod(c, q, ix_dim(c, t->sizes[k]));
+		s = dim_mul(c, s, t->sizes[k]);
+	}
+	set_var_ranges(c, 0, NULL);
+	for (uint32_t k = 0; k < t->rank; k++)
+		if (map[k] == NULL)
+			return NULL;
+	return reindex(c, t, rank, sizes, map);
+}
+
+/* Rebuilds every load in e with guard `g` (and-ed with its own). */
+typedef struct gmemo {
+	const sx_t **k, **v;
+	uint32_t cap;
+} gmemo_t;
+
+static const sx_t *guard_rec(cctx_t *c, const sx_t *e, const sx_t *g,
+			     gmemo_t *m)
+{
+	if (e == NULL)
+		return NULL;
+	uint32_t j = (e->hash * 0x9e3779b1u) & (m->cap - 1);
+	while (m->k[j] != NULL) {
+		if (m->k[j] == e)
+			return m->v[j];
+		j = (j + 1) & (m->cap - 1);
+	}
+	const sx_t *r = e;
+	switch ((sx_kind_t)e->kind) {
+	case SX_LOAD: {
+		const sx_t *ng = e->a ? sx_bin(c, OP_AND, e->a, g) : g;
+		r = sx_load(c, e->buf, e->idx, ng, e->b);
+		break;
+	}
+	case SX_UN:
+		r = sx_un(c, (sx_op_t)e->op, guard_rec(c, e->a, g, m));
+		break;
+	case SX_BIN:
+		r = sx_bin(c, (sx_op_t)e->op, guard_rec(c, e->a, g, m),
+			   guard_rec(c, e->b, g, m));
+		break;
+	case SX_WHERE:
+		r = sx_where(c, guard_rec(c, e->a, g, m),
+			     guard_rec(c, e->b, g, m),
+			     guard_rec(c, e->c, g, m));
+		break;
+	case SX_CAST: {
+		const sx_t *a = guard_rec(c, e->a, g, m);
+		r = a == e->a ? e
+		    : e->op   ? sx_cast(c, a, (kiln_dtype_t)e->op)
+			      : sx_cast(c, a, (kiln_dtype_t)e->dt);
+		break;
+	}
+	default: break;
+	}
+	j = (e->hash * 0x9e3779b1u) & (m->cap - 1);
+	while (m->k[j] != NULL)
+		j = (j + 1) & (m->cap - 1);
+	m->k[j] = e;
+	m->v[j] = r;
+	return r;
+}
+
+const sx_t *sx_guard(cctx_t *c, const sx_t *e, const sx_t *guard)
+{
+	if (e == NULL || guard == NULL)
+		return NULL;
+	gmemo_t m;
+	uint32_t n = sx_size(e, 1u << 20);
+	m.cap = 64;
+	while (m.cap < 2 * n + 2)
+		m.cap *= 2;
+	m.k = calloc(m.cap, sizeof(*m.k));
+	m.v = calloc(m.cap, sizeof(*m.v));
+	const sx_t *r = NULL;
+	if (m.k != NULL && m.v != NULL)
+		r = guard_rec(c, e, guard, &m);
+	free(m.k);
+	free(m.v);
+	return r;
+}
+
+/* 0 <= x < size, as a bool expression. */
+static const sx_t *in_range(cctx_t *c, const kiln_expr_t *x, kiln_dim_t size)
+{
+	const sx_t *v = sx_index(c, x);
+	return sx_bin(c, OP_AND,
+		      sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+		      sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, size))));
+}
+
+/* ---- op lowerings ----------------------------------------------------------
+ */
+
+int low_view(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc != 0)
+		return rc;
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lout_sizes(n, 0, &rank, sizes, NULL);
+	if (rc != 0)
+		return rc;
+	/* check the element count when it is static */
+	int64_t a = 1, b = 1;
+	bool stat = true;
+	for (uint32_t i = 0; i < x->rank; i++) {
+		stat = stat && x->sizes[i].e == NULL;
+		a *= x->sizes[i].c;
+	}
+	for (uint32_t i = 0; i < rank; i++) {
+		stat = stat && sizes[i].e == NULL;
+		b *= sizes[i].c;
+	}
+	if (stat && a != b)
+		return lerr(n, KILN_EINVGRAPH,
+			    "cannot view %lld elements as %lld", (long long)a,
+			    (long long)b);
+	return lset(n, 0, lt_reshape(c, x, rank, sizes));
+}
+
+int low_permute(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t dims[CIR_MAX_RANK];
+	uint32_t nd;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lintlist(n, 1, "dims", dims, &nd, CIR_MAX_RANK);
+	if (rc != 0)
+		return rc;
+	if (nd != x->rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "permute of a rank-%u tensor "
+			    "needs %u dims, got %u",
+			    x->rank, x->rank, nd);
+	uint32_t perm[CIR_MAX_RANK], seen = 0;
+	for (uint32_t i = 0; i < nd; i++) {
+		rc = ldim(n, dims[i], x->rank, &perm[i]);
+		if (rc != 0)
+			return rc;
+		if (seen >> perm[i] & 1)
+			return lerr(n, KILN_EINVGRAPH, "dim %u repeated",
+				    perm[i]);
+		seen |= 1u << perm[i];
+	}
+	return lset(n, 0, lt_permute(c, x, perm));
+}
+
+int low_transpose(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc != 0)
+		return rc;
+	uint32_t d0 = 0, d1 = 0;
+	if (n->param == 1) { /* t */
+		if (x->rank > 2)
+			return lerr(n, KILN_EINVGRAPH,
+				    "t() needs a tensor of rank <= 2");
+		if (x->rank < 2)
+			return lset(n, 0, x);
+		d1 = 1;
+	} else {
+		int64_t a, b;
+		rc = lint(n, 1, "dim0", 0, &a);
+		if (rc == 0)
+			rc = lint(n, 2, "dim1", 0, &b);
+		if (rc == 0)
+			rc = ldim(n, a, x->rank, &d0);
+		if (rc == 0)
+			rc = ldim(n, b, x->rank, &d1);
+		if (rc != 0)
+			return rc;
+		if (x->rank == 0)
+			return lset(n, 0, x);
+	}
+	uint32_t perm[CIR_MAX_RANK];
+	for (uint32_t i = 0; i < x->rank; i++)
+		perm[i] = i;
+	perm[d0] = d1;
+	perm[d1] = d0;
+	return lset(n, 0, lt_permute(c, x, perm));
+}
+
+int low_expand(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc != 0)
+		return rc;
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lout_sizes(n, 0, &rank, sizes, NULL);
+	if (rc != 0)
+		return rc;
+	if (rank < x->rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "expand to fewer dims than the input has");
+	uint32_t lead = rank - x->rank;
+	for (uint32_t k = 0; k < x->rank; k++)
+		if (!dim_is(x->sizes[k], 1) &&
+		    !dim_eq(x->sizes[k], sizes[lead + k]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "cannot expand dim %u (size is not 1)", k);
+	return lset(n, 0, lt_expand(c, x, rank, sizes));
+}
+
+int low_squeeze(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc != 0)
+		return rc;
+	uint32_t mask = 0;
+	if (n->param == 2) {
+		for (uint32_t k = 0; k < x->rank; k++)
+			if (dim_is(x->sizes[k], 1))
+				mask |= 1u << k;
+	} else {
+		int64_t dims[CIR_MAX_RANK];
+		uint32_t nd;
+		rc = lintlist(n, 1, "dim", dims, &nd, CIR_MAX_RANK);
+		if (rc != 0)
+			return rc;
+		for (uint32_t i = 0; i < nd; i++) {
+			uint32_t d;
+			rc = ldim(n, dims[i], x->rank, &d);
+			if (rc != 0)
+				return rc;
+			if (x->rank > 0 && dim_is(x->sizes[d], 1))
+				mask |= 1u << d;
+		}
+	}
+	lt_t *t = x;
+	for (uint32_t k = x->rank; k-- > 0;)
+		if (mask >> k & 1)
+			t = t ? lt_squeeze_dim(c, t, k) : NULL;
+	return lset(n, 0, t);
+}
+
+int low_unsqueeze(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t d;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lint(n, 1, "dim", 0, &d);
+	if (rc != 0)
+		return rc;
+	uint32_t ud;
+	rc = ldim(n, d, x->rank + 1, &ud);
+	if (rc != 0)
+		return rc;
+	return lset(n, 0, lt_unsqueeze(c, x, ud));
+}
+
+int low_slice(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t d, step;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lint(n, 1, "dim", 0, &d);
+	if (rc == 0)
+		rc = lint(n, 4, "step", 1, &step);
+	if (rc != 0)
+		return rc;
+	uint32_t ud;
+	rc = ldim(n, d, x->rank, &ud);
+	if (rc != 0)
+		return rc;
+	if (step <= 0)
+		return lerr(n, KILN_EINVGRAPH, "slice step must be positive");
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lout_sizes(n, 0, &rank, sizes, NULL);
+	if (rc != 0)
+		return rc;
+	const kiln_arg_t *sa = larg(n, 2, "start");
+	const kiln_expr_t *start = ix_const(c, 0);
+	kiln_dim_t size = x->sizes[ud];
+	if (sa != NULL && sa->kind == KILN_ARG_INT) {
+		int64_t s = sa->u.i;
+		if (size.e == NULL) {
+			if (s < 0)
+				s += size.c;
+			if (s < 0)
+				s = 0;
+			if (s > size.c)
+				s = size.c;
+		}
+		start = ix_const(c, s);
+	} else if (sa != NULL && sa->kind == KILN_ARG_SYM) {
+		start = ix_intern(c, sa->u.sym);
+	}
+	/* the declared output gives the length (torch clamped the end) */
+	if (rank != x->rank)
+		return lerr(n, KILN_EINVGRAPH, "slice changes the rank");
+	return lset(n, 0,
+		    lt_slice(c, x, ud, start, ix_dim(c, sizes[ud]), step));
+}
+
+int low_select(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t d;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lint(n, 1, "dim", 0, &d);
+	if (rc != 0)
+		return rc;
+	uint32_t ud;
+	rc = ldim(n, d, x->rank, &ud);
+	if (rc != 0)
+		return rc;
+	const kiln_expr_t *idx;
+	const kiln_arg_t *ia = larg(n, 2, "index");
+	if (ia != NULL && ia->kind == KILN_ARG_INT) {
+		int64_t i = ia->u.i;
+		if (x->sizes[ud].e == NULL) {
+			if (i < -x->sizes[ud].c || i >= x->sizes[ud].c)
+				return lerr(n, KILN_EINVGRAPH,
+					    "index %lld out of range for size "
+					    "%lld",
+					    (long long)i,
+					    (long long)x->sizes[ud].c);
+			if (i < 0)
+				i += x->sizes[ud].c;
+		} else if (i < 0) {
+			idx =
+			    ix_add(c, ix_dim(c, x->sizes[ud]), ix_const(c, i));
+			goto have;
+		}
+		idx = ix_const(c, i);
+	} else {
+		rc = lsymint(n, ia, &idx);
+		if (rc != 0)
+			return rc;
+	}
+have:;
+	lt_t *s = lt_slice(c, x, ud, idx, ix_const(c, 1), 1);
+	return lset(n, 0, s ? lt_squeeze_dim(c, s, ud) : NULL);
+}
+
+/* split (0), split_with_sizes (1), unbind (2): outputs are slices. */
+int low_split(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t d;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lint(n, n->param == 2 ? 1 : 2, "dim", 0, &d);
+	if (rc != 0)
+		return rc;
+	uint32_t ud;
+	rc = ldim(n, d, x->rank, &ud);
+	if (rc != 0)
+		return rc;
+	const kiln_expr_t *off = ix_const(c, 0);
+	for (uint32_t k = 0; k < n->n->n_out; k++) {
+		uint32_t rank;
+		kiln_dim_t sizes[CIR_MAX_RANK];
+		rc = lout_sizes(n, k, &rank, sizes, NULL);
+		if (rc != 0)
+			return rc;
+		if (n->param == 2) {
+			lt_t *s = lt_slice(c, x, ud, off, ix_const(c, 1), 1);
+			rc = lset(n, k, s ? lt_squeeze_dim(c, s, ud) : NULL);
+			off = ix_add(c, off, ix_const(c, 1));
+		} else {
+			if (rank != x->rank)
+				return lerr(n, KILN_EINVGRAPH,
+					    "out %u: split keeps the rank", k);
+			const kiln_expr_t *len = ix_dim(c, sizes[ud]);
+			rc = lset(n, k, lt_slice(c, x, ud, off, len, 1));
+			off = ix_add(c, off, len);
+		}
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* cat (0) and stack (1). */
+int low_cat(cctx_t *c, lnode_t *n)
+{
+	const kiln_arg_t *ta = larg(n, 0, "tensors");
+	int64_t d;
+	int rc = lint(n, 1, "dim", 0, &d);
+	if (rc != 0)
+		return rc;
+	if (ta == NULL || ta->kind != KILN_ARG_LIST || ta->n == 0)
+		return lerr(n, KILN_EINVGRAPH,
+			    "tensors must be a non-empty list");
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	kiln_dtype_t dt;
+	rc = lout_sizes(n, 0, &rank, sizes, &dt);
+	if (rc != 0)
+		return rc;
+	uint32_t ud;
+	rc = ldim(n, d, rank, &ud);
+	if (rc != 0)
+		return rc;
+	lt_t *parts[64];
+	uint32_t np = 0;
+	for (uint32_t i = 0; i < ta->n; i++) {
+		const kiln_arg_t *a = &ta->u.list[i];
+		if (a->kind != KILN_ARG_REF || c->vals[a->u.ref] == NULL)
+			return lerr(n, KILN_EINVGRAPH,
+				    "tensors[%u] is not a tensor", i);
+		lt_t *t = c->vals[a->u.ref];
+		if (n->param == 1)
+			t = lt_unsqueeze(c, t, ud);
+		else if (t->rank == 1 && dim_is(t->sizes[0], 0) && rank != 1)
+			continue; /* legacy empty tensor */
+		if (t == NULL)
+			return -ENOMEM;
+		if (t->rank != rank)
+			return lerr(n, KILN_EINVGRAPH,
+				    "tensors[%u] has rank %u, not %u", i,
+				    t->rank, rank);
+		for (uint32_t k = 0; k < rank; k++)
+			if (k != ud && !dim_eq(t->sizes[k], sizes[k]))
+				return lerr(n, KILN_EINVGRAPH,
+					    "tensors[%u]: size mismatch at dim "
+					    "%u",
+					    i, k);
+		if (np == 64)
+			return lerr(n, KILN_EUNSUPOP,
+				    "cat of more than 64 tensors");
+		parts[np++] = t;
+	}
+	if (np == 1)
+		return lset(n, 0, parts[0]);
+	/* offsets */
+	const kiln_expr_t *offs[65];
+	offs[0] = ix_const(c, 0);
+	for (uint32_t i = 0; i < np; i++)
+		offs[i + 1] =
+		    ix_add(c, offs[i], ix_dim(c, parts[i]->sizes[ud]));
+	if (!dim_eq(dim_of(offs[np]), sizes[ud]))
+		return lerr(n, KILN_EINVGRAPH,
+			    "the parts' sizes do not add up to out 0's size "
+			    "at dim %u",
+			    ud);
+	const kiln_expr_t *v = ix_var(c, ud);
+	const sx_t *body = NULL;
+	for (uint32_t i = np; i-- > 0;) {
+		const kiln_expr_t *map[CIR_MAX_RANK];
+		for (uint32_t k = 0; k < rank; k++)
+			map[k] = ix_var(c, k);
+		map[ud] = ix_sub(c, v, offs[i]);
+		const sx_t *pv =
+		    sx_cast(c, lt_at(c, parts[i], map), compute_dtype(dt));
+		if (body == NULL) {
+			body = i == 0
+				   ? pv
+				   : sx_guard(c, pv,
+					      sx_bin(c, OP_GE, sx_index(c, v),
+						     sx_index(c, offs[i])));
+			continue;
+		}
+		const sx_t *lt_end =
+		    sx_bin(c, OP_LT, sx_index(c, v), sx_index(c, offs[i + 1]));
+		const sx_t *g = i == 0 ? lt_end
+				       : sx_bin(c, OP_AND, lt_end,
+						sx_bin(c, OP_GE, sx_index(c, v),
+						       sx_index(c, offs[i])));
+		body = sx_where(c, lt_end, sx_guard(c, pv, g), body);
+	}
+	return lset(n, 0, lt_fn(c, dt, rank, sizes, body));
+}
+
+int low_pad(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t pad[2 * CIR_MAX_RANK];
+	uint32_t np;
+	double value;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lintlist(n, 1, "pad", pad, &np, 2 * CIR_MAX_RANK);
+	if (rc == 0)
+		rc = lfloat(n, 2, "value", 0.0, &value);
+	if (rc != 0)
+		return rc;
+	if (np % 2 != 0 || np / 2 > x->rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "pad must have an even length of at most 2*rank");
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lout_sizes(n, 0, &rank, sizes, NULL);
+	if (rc != 0)
+		return rc;
+	if (rank != x->rank)
+		return lerr(n, KILN_EINVGRAPH, "pad changes the rank");
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	const sx_t *guard = NULL;
+	for (uint32_t k = 0; k < rank; k++)
+		map[k] = ix_var(c, k);
+	for (uint32_t i = 0; i < np / 2; i++) {
+		uint32_t d = rank - 1 - i;
+		int64_t before = pad[2 * i], after = pad[2 * i + 1];
+		kiln_dim_t want =
+		    dim_add(c, x->sizes[d], dim_const(before + after));
+		if (!dim_eq(want, sizes[d]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "out 0: padded size mismatch at dim %u", d);
+		map[d] = ix_sub(c, ix_var(c, d), ix_const(c, before));
+		if (before > 0 || after > 0) {
+			const sx_t *g = in_range(c, map[d], x->sizes[d]);
+			guard = guard ? sx_bin(c, OP_AND, guard, g) : g;
+		}
+	}
+	const sx_t *v = lt_at(c, x, map);
+	if (guard != NULL)
+		v = sx_where(c, guard, sx_guard(c, v, guard),
+			     sxf(c, value, x->dtype));
+	return lset(n, 0, lt_fn(c, x->dtype, rank, sizes, v));
+}
+
+int low_flip(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t dims[CIR_MAX_RANK];
+	uint32_t nd;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lintlist(n, 1, "dims", dims, &nd, CIR_MAX_RANK);
+	if (rc != 0)
+		return rc;
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < x->rank; k++)
+		map[k] = ix_var(c, k);
+	for (uint32_t i = 0; i < nd; i++) {
+		uint32_t d;
+		rc = ldim(n, dims[i], x->rank, &d);
+		if (rc != 0)
+			return rc;
+		map[d] =
+		    ix_sub(c, ix_sub(c, ix_dim(c, x->sizes[d]), ix_const(c, 1)),
+			   ix_var(c, d));
+	}
+	return lset(n, 0,
+		    lt_fn(c, x->dtype, x->rank, x->sizes, lt_at(c, x, map)));
+}
+
+int low_repeat(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc != 0)
+		return rc;
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lout_sizes(n, 0, &rank, sizes, NULL);
+	if (rc != 0)
+		return rc;
+	if (rank < x->rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "repeat needs at least as many repeats as dims");
+	uint32_t lead = rank - x->rank;
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < x->rank; k++)
+		map[k] = ix_mod(c, ix_var(c, lead + k), ix_dim(c, x->sizes[k]));
+	return lset(n, 0, lt_fn(c, x->dtype, rank, sizes, lt_at(c, x, map)));
+}
+
+int low_select_backward(cctx_t *c, lnode_t *n)
+{
+	lt_t *g;
+	int64_t d;
+	int rc = ltensor(n, 0, "grad_output", &g);
+	if (rc == 0)
+		rc = lint(n, 2, "dim", 0, &d);
+	if (rc != 0)
+		return rc;
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	kiln_dtype_t dt;
+	rc = lout_sizes(n, 0, &rank, sizes, &dt);
+	if (rc != 0)
+		return rc;
+	uint32_t ud;
+	rc = ldim(n, d, rank, &ud);
+	if (rc != 0)
+		return rc;
+	const kiln_expr_t *idx;
+	rc = lsymint(n, larg(n, 3, "index"), &idx);
+	if (rc != 0)
+		return rc;
+	if (idx->kind == KILN_EX_CONST && idx->c < 0)
+		idx = ix_add(c, ix_dim(c, sizes[ud]), idx);
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0, j = 0; k < rank; k++)
+		if (k != ud)
+			map[j++] = ix_var(c, k);
+	const sx_t *hit =
+	    sx_bin(c, OP_EQ, sx_index(c, ix_var(c, ud)), sx_index(c, idx));
+	const sx_t *v = sx_guard(c, lt_at(c, g, map), hit);
+	return lset(
+	    n, 0,
+	    lt_fn(c, dt, rank, sizes, sx_where(c, hit, v, sxf(c, 0, dt))));
+}
+
+int low_slice_backward(cctx_t *c, lnode_t *n)
+{
+	lt_t *g;
+	int64_t d, step;
+	int rc = ltensor(n, 0, "grad_output", &g);
+	if (rc == 0)
+		rc = lint(n, 2, "dim", 0, &d);
+	if (rc == 0)
+		rc = lint(n, 5, "step", 1, &step);
+	if (rc != 0)
+		return rc;
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	kiln_dtype_t dt;
+	rc = lout_sizes(n, 0, &rank, sizes, &dt);
+	if (rc != 0)
+		return rc;
+	uint32_t ud;
+	rc = ldim(n, d, rank, &ud);
+	if (rc != 0)
+		return rc;
+	if (step <= 0)
+		return lerr(n, KILN_EINVGRAPH, "step must be positive");
+	const kiln_expr_t *start;
+	rc = lsymint(n, larg(n, 3, "start"), &start);
+	if (rc != 0)
+		return rc;
+	if (start->kind == KILN_EX_CONST && start->c < 0)
+		start = ix_add(c, ix_dim(c, sizes[ud]), start);
+	if (start->kind == KILN_EX_CONST && start->c < 0)
+		start = ix_const(c, 0);
+	const kiln_expr_t *rel = ix_sub(c, ix_var(c, ud), start);
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < rank; k++)
+		map[k] = ix_var(c, k);
+	map[ud] = ix_floordiv(c, rel, ix_const(c, step));
+	const sx_t *hit = in_range(c, map[ud], g->sizes[ud]);
+	hit = sx_bin(
+	    c, OP_AND, hit,
+	    sx_bin(c, OP_GE, sx_index(c, rel), sx_consti(c, 0, KILN_DT_I64)));
+	if (step > 1)
+		hit = sx_bin(
+		    c, OP_AND, hit,
+		    sx_bin(c, OP_EQ,
+			   sx_index(c, ix_mod(c, rel, ix_const(c, step))),
+			   sx_consti(c, 0, KILN_DT_I64)));
+	const sx_t *v = sx_guard(c, lt_at(c, g, map), hit);
+	return lset(
+	    n, 0,
+	    lt_fn(c, dt, rank, sizes, sx_where(c, hit, v, sxf(c, 0, dt))));
+}
+
+int low_as_strided(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc != 0)
+		return rc;
+	if (!x->is_buf) {
+		rc = lt_realize(c, x, (int32_t)n->index, &x);
+		if (rc != 0)
+			return rc;
+	}
+	const kiln_expr_t *sz[CIR_MAX_RANK], *st[CIR_MAX_RANK];
+	uint32_t ns, nt;
+	rc = lsizelist(n, 1, "size", sz, &ns);
+	if (rc == 0)
+		rc = lsizelist(n, 2, "stride", st, &nt);
+	if (rc != 0)
+		return rc;
+	if (ns != nt)
+		return lerr(n, KILN_EINVGRAPH,
+			    "size and stride lengths differ");
+	const kiln_arg_t *oa = larg(n, 3, "storage_offset");
+	const kiln_expr_t *off = ix_const(c, 0);
+	if (oa != NULL && oa->kind != KILN_ARG_NIL) {
+		rc = lsymint(n, oa, &off);
+		if (rc != 0)
+			return rc;
+	} else {
+		off = ix_dim(c, x->offset);
+	}
+	lt_t *u = lt_new(c, x->dtype, ns, x->sizes);
+	if (u == NULL)
+		return -ENOMEM;
+	u->is_buf = true;
+	u->buf = x->buf;
+	u->offset = dim_of(off);
+	for (uint32_t i = 0; i < ns; i++) {
+		u->sizes[i] = dim_of(sz[i]);
+		u->strides[i] = dim_of(st[i]);
+	}
+	return lset(n, 0, u);
+}

@@ -1,0 +1,575 @@
+/*
+ * sched.c — fusion: compute nodes → kernels.
+ *
+ * Compute nodes arrive in topological order. Each joins the latest kernel it
+ * is compatible with, or starts a new one:
+ *
+ *   - a pointwise kernel iterates one shape; a pointwise node of that shape
+ *     joins it (vertical fusion when it reads a member at the same point,
+ *     horizontal otherwise);
+ *   - a row kernel iterates outer (parallel) × reduced dims; it takes
+ *     reductions over the same space, pointwise nodes over the full space
+ *     ("full" members, inner loops) and pointwise nodes over the outer space
+ *     ("row" members: one value per row, e.g. layer_norm's rstd);
+ *   - a member may read another member of its kernel only at the point being
+ *     computed (same row for row values and reductions, same element for full
+ *     members); anything else must wait for a later kernel.
+ *
+ * Then each row kernel is cut into passes: loops over the reduced dims, each
+ * followed by the row values that its reductions complete. softmax becomes
+ * one kernel with three passes (max; sum of exp; write), layer_norm one with
+ * three (sum; sum of squares; write). A buffer is stored to memory only when
+ * something outside its loop reads it, or it is a graph output.
+ */
+#include "compiler/lower.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_MEMBERS 64
+
+void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);
+
+static bool sizes_eq(uint32_t ra, const kiln_dim_t *a, uint32_t rb,
+		     const kiln_dim_t *b)
+{
+	if (ra != rb)
+		return false;
+	for (uint32_t k = 0; k < ra; k++)
+		if (!dim_eq(a[k], b[k]))
+			return false;
+	return true;
+}
+
+/* Store index of buffer b when its dims map to kernel vars vmap[0..rank). */
+static const kiln_expr_t *store_index(cctx_t *c, const cbuf_t *b,
+				      const kiln_expr_t *const *vmap)
+{
+	const kiln_expr_t *e = ix_const(c, 0);
+	for (uint32_t k = 0; k < b->rank; k++) {
+		if (dim_is(b->sizes[k], 1))
+			continue;
+		e = ix_add(c, e, ix_mul(c, vmap[k], ix_dim(c, b->strides[k])));
+	}
+	return e;
+}
+
+/* How node n would sit in kernel k: its role and its var map (its dim i ↦
+ * kernel var vmap[i] or 0). false when it cannot. */
+static bool place(cctx_t *c, const kernel_t *k, const cnode_t *n, role_t *role,
+		  const kiln_expr_t **vmap)
+{
+	const cbuf_t *b = &c->bufs[n->buf];
+	if (n->red != RED_NONE) {
+		if (!k->is_row && k->n_members > 0 && k->rmask == 0) {
+			/* a pointwise kernel may become a row kernel */
+			if (!sizes_eq(k->frank, k->fsizes, n->frank, n->fsizes))
+				return false;
+		} else if (!sizes_eq(k->frank, k->fsizes, n->frank,
+				     n->fsizes) ||
+			   k->rmask != n->rmask) {
+			return false;
+		}
+		*role = ROLE_RED;
+		for (uint32_t i = 0; i < n->frank; i++)
+			vmap[i] = ix_var(c, i);
+		return true;
+	}
+	if (sizes_eq(k->frank, k->fsizes, b->rank, b->sizes)) {
+		*role = ROLE_FULL;
+		for (uint32_t i = 0; i < b->rank; i++)
+			vmap[i] = ix_var(c, i);
+		return true;
+	}
+	if (!k->is_row)
+		return false;
+	/* row-shaped: keepdim form */
+	if (b->rank == k->frank) {
+		bool ok = true;
+		for (uint32_t i = 0; i < b->rank && ok; i++) {
+			if (k->rmask >> i & 1) {
+				ok = dim_is(b->sizes[i], 1);
+				vmap[i] = ix_const(c, 0);
+			} else {
+				ok = dim_eq(b->sizes[i], k->fsizes[i]);
+				vmap[i] = ix_var(c, i);
+			}
+		}
+		if (ok) {
+			*role = ROLE_ROW;
+			return true;
+		}
+	}
+	/* row-shaped: reduced dims dropped */
+	uint32_t j = 0;
+	for (uint32_t i = 0; i < k->frank; i++) {
+		if (k->rmask >> i & 1)
+			continue;
+		if (j >= b->rank || !dim_eq(b->sizes[j], k->fsizes[i]))
+			return false;
+		vmap[j++] = ix_var(c, i);
+	}
+	if (j != b->rank)
+		return false;
+	*role = ROLE_ROW;
+	return true;
+}
+
+/* The store index of member m's buffer in kernel vars. */
+static const kiln_expr_t *member_sidx(cctx_t *c, const kernel_t *k,
+				      const cnode_t *n, role_t role,
+				      const kiln_expr_t *const *vmap)
+{
+	const cbuf_t *b = &c->bufs[n->buf];
+	if (role != ROLE_RED)
+		return store_index(c, b, vmap);
+	/* reduction: buffer dims are the outer dims (reduced ones dropped
+	 * or kept as size 1) */
+	const kiln_expr_t *bm[CIR_MAX_RANK];
+	uint32_t j = 0;
+	for (uint32_t i = 0; i < k->frank; i++) {
+		if (n->rmask >> i & 1) {
+			if (n->keepdim)
+				bm[j++] = ix_const(c, 0);
+		} else {
+			bm[j++] = ix_var(c, i);
+		}
+	}
+	return store_index(c, b, bm);
+}
+
+typedef struct loadchk {
+	cctx_t *c;
+	const kernel_t *k;
+	role_t role;
+	bool ok;
+	uint64_t dep_kernels_max; /* max kernel id + 1 over deps */
+} loadchk_t;
+
+static const kmember_t *member_of(const kernel_t *k, uint32_t cnode)
+{
+	for (uint32_t i = 0; i < k->n_members; i++)
+		if (k->members[i].node == cnode)
+			return &k->members[i];
+	return NULL;
+}
+
+static void check_load(void *arg, const sx_t *ld)
+{
+	loadchk_t *lc = arg;
+	cctx_t *c = lc->c;
+	const cbuf_t *b = &c->bufs[ld->buf];
+	if (b->kind != CB_TEMP || b->producer < 0)
+		return;
+	const cnode_t *p = &c->nodes[b->producer];
+	if (p->kernel < 0 || lc->k == NULL || &c->kernels[p->kernel] != lc->k)
+		return;
+	const kmember_t *m = member_of(lc->k, (uint32_t)b->producer);
+	if (m == NULL || ld->b != NULL || ld->idx != m->sidx) {
+		lc->ok = false;
+		return;
+	}
+	/* a row value cannot read a full-space value */
+	if (lc->role == ROLE_ROW && m->role == ROLE_FULL)
+		lc->ok = false;
+}
+
+static int add_member(cctx_t *c, kernel_t *k, uint32_t node, role_t role,
+		      const sx_t *body, const kiln_expr_t *sidx)
+{
+	if (k->n_members == k->cap) {
+		uint32_t nc = k->cap ? k->cap * 2 : 8;
+		kmember_t *nm = kiln_arena_calloc(c->arena, nc, sizeof(*nm));
+		if (nm == NULL)
+			return -ENOMEM;
+		if (k->n_members)
+			memcpy(nm, k->members, k->n_members * sizeof(*nm));
+		k->members = nm;
+		k->cap = nc;
+	}
+	kmember_t *m = &k->members[k->n_members++];
+	m->node = node;
+	m->role = role;
+	m->body = body;
+	m->sidx = sidx;
+	m->pass = 0;
+	c->nodes[node].kernel = (int32_t)(k - c->kernels);
+	c->bufs[c->nodes[node].buf].kernel = (int32_t)(k - c->kernels);
+	return 0;
+}
+
+static int new_kernel(cctx_t *c, const cnode_t *n, kernel_t **out)
+{
+	if (c->n_kernels == c->cap_kernels) {
+		uint32_t nc = c->cap_kernels ? c->cap_kernels * 2 : 16;
+		kernel_t *nk = kiln_arena_calloc(c->arena, nc, sizeof(*nk));
+		if (nk == NULL)
+			return -ENOMEM;
+		if (c->n_kernels)
+			memcpy(nk, c->kernels, c->n_kernels * sizeof(*nk));
+		c->kernels = nk;
+		c->cap_kernels = nc;
+	}
+	kernel_t *k = &c->kernels[c->n_kernels];
+	memset(k, 0, sizeof(*k));
+	k->is_row = n->red != RED_NONE;
+	k->frank = n->frank;
+	for (uint32_t i = 0; i < n->frank; i++)
+		k->fsizes[i] = n->fsizes[i];
+	k->rmask = n->red != RED_NONE ? n->rmask : 0;
+	snprintf(k->name, sizeof(k->name), "kiln_k%u", c->n_kernels);
+	c->n_kernels++;
+	*out = k;
+	return 0;
+}
+
+struct depscan {
+	cctx_t *c;
+	int32_t max_kernel;
+	uint32_t self;
+};
+
+static void dep_kernel(void *arg, const sx_t *ld)
+{
+	struct depscan *d = arg;
+	const cbuf_t *b = &d->c->bufs[ld->buf];
+	if (b->kind == CB_TEMP && b->kernel > d->max_kernel)
+		d->max_kernel = b->kernel;
+}
+
+static int64_t est_outer_rows(cctx_t *c, const kernel_t *k, uint32_t rmask)
+{
+	int64_t rows = 1;
+	for (uint32_t i = 0; i < k->frank; i++)
+		if (!(rmask >> i & 1))
+			rows *= ix_estimate(c, ix_dim(c, k->fsizes[i]));
+	return rows;
+}
+
+/* Tries to put node ni into kernel k. */
+static int try_join(cctx_t *c, kernel_t *k, uint32_t ni, bool *joined)
+{
+	cnode_t *n = &c->nodes[ni];
+	*joined = false;
+	if (k->n_members >= MAX_MEMBERS || k->is_fallback)
+		return 0;
+	role_t role;
+	const kiln_expr_t *vmap[CIR_MAX_RANK];
+	if (!place(c, k, n, &role, vmap))
+		return 0;
+	bool convert = !k->is_row && role == ROLE_RED;
+	if (convert && est_outer_rows(c, k, n->rmask) < 16)
+		return 0; /* keep the parallelism of the pointwise kernel */
+	const sx_t *body = n->body;
+	if (role == ROLE_ROW || (role == ROLE_FULL && k->frank != 0)) {
+		const cbuf_t *b = &c->bufs[n->buf];
+		bool ident = true;
+		for (uint32_t i = 0; i < b->rank; i++)
+			ident = ident && vmap[i] == ix_var(c, i);
+		if (!ident || b->rank != k->frank)
+			body = sx_subst(c, body, vmap, b->rank);
+	}
+	if (body == NULL)
+		return -ENOMEM;
+	loadchk_t lc = {c, k, role, true, 0};
+	sx_each_load(body, check_load, &lc);
+	if (!lc.ok)
+		return 0;
+	if (convert) {
+		k->is_row = true;
+		k->rmask = n->rmask;
+	}
+	const kiln_expr_t *sidx = member_sidx(c, k, n, role, vmap);
+	int rc = add_member(c, k, ni, role, body, sidx);
+	if (rc == 0)
+		*joined = true;
+	return rc;
+}
+
+struct bufscan {
+	uint32_t buf;
+	bool hit;
+};
+
+static void scan_buf(void *arg, const sx_t *ld)
+{
+	struct bufscan *q = arg;
+	if (ld->buf == q->buf)
+		q->hit = true;
+}
+
+/* Cuts a row kernel into passes. */
+static void make_passes(cctx_t *c, kernel_t *k)
+{
+	int32_t npass = 0;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		kmember_t *m = &k->members[i];
+		/* requirements from in-kernel deps */
+		int32_t after_final = -1; /* deps final after this pass */
+		int32_t same_loop = 0;	  /* full deps' pass */
+		for (uint32_t j = 0; j < i; j++) {
+			kmember_t *d = &k->members[j];
+			struct bufscan q = {c->nodes[d->node].buf, false};
+			sx_each_load(m->body, scan_buf, &q);
+			if (!q.hit)
+				continue;
+			if (d->role == ROLE_FULL) {
+				if (d->pass > same_loop)
+					same_loop = d->pass;
+			} else if (d->role == ROLE_RED || d->role == ROLE_ROW) {
+				if (d->pass > after_final)
+					after_final = d->pass;
+			}
+		}
+		if (!k->is_row) {
+			m->pass = 0;
+			continue;
+		}
+		if (m->role == ROLE_ROW) {
+			int32_t p = after_final;
+			if (same_loop > p)
+				p = same_loop; /* cannot happen (checked) */
+			m->pass = p;
+		} else {
+			int32_t p = after_final + 1;
+			if (same_loop > p)
+				p = same_loop;
+			m->pass = p;
+		}
+		if (m->pass + 1 > npass)
+			npass = m->pass + 1;
+	}
+	k->n_passes = k->is_row ? (npass > 0 ? npass : 1) : 1;
+}
+
+/* Which buffers must be in memory: read by another kernel, read in a later
+ * pass from a full member, or a graph output. */
+struct memscan {
+	cctx_t *c;
+	int32_t kernel;
+	int32_t pass;
+	role_t role;
+};
+
+static void mark_mem(void *arg, const sx_t *ld)
+{
+	struct memscan *s = arg;
+	cbuf_t *b = &s->c->bufs[ld->buf];
+	b->n_readers++;
+	if (b->kind != CB_TEMP)
+		return;
+	if (b->kernel != s->kernel) {
+		b->in_memory = true;
+		if (s->kernel > b->last_use)
+			b->last_use = s->kernel;
+		return;
+	}
+	const kernel_t *k = &s->c->kernels[s->kernel];
+	const kmember_t *m = member_of(k, (uint32_t)b->producer);
+	if (m != NULL && m->role == ROLE_FULL && m->pass != s->pass)
+		b->in_memory = true;
+	if (s->kernel > b->last_use)
+		b->last_use = s->kernel;
+}
+
+static void mark_fb_arg(cctx_t *c, const kiln_arg_t *a, int32_t kernel)
+{
+	if (a->kind == KILN_ARG_LIST) {
+		for (uint32_t i = 0; i < a->n; i++)
+			mark_fb_arg(c, &a->u.list[i], kernel);
+		return;
+	}
+	if (a->kind != KILN_ARG_REF || c->vals[a->u.ref] == NULL ||
+	    !c->vals[a->u.ref]->is_buf)
+		return;
+	sched_mark_fallback_input(c, c->vals[a->u.ref]->buf, kernel);
+}
+
+int sched_graph(cctx_t *c)
+{
+	for (uint32_t ni = 0; ni < c->n_nodes; ni++) {
+		cnode_t *n = &c->nodes[ni];
+		if (n->fallback) {
+			kernel_t *k;
+			int rc = new_kernel(c, n, &k);
+			if (rc != 0)
+				return rc;
+			k->is_fallback = true;
+			k->is_row = false;
+			int32_t ki = (int32_t)(k - c->kernels);
+			snprintf(k->name, sizeof(k->name), "fallback%u", ki);
+			rc = add_member(c, k, ni, ROLE_FULL, n->body, NULL);
+			if (rc != 0)
+				return rc;
+			for (uint32_t j = 0; j < n->n_fbout; j++)
+				if (n->fbout[j] != UINT32_MAX)
+					c->bufs[n->fbout[j]].kernel = ki;
+			continue;
+		}
+		struct depscan d = {c, -1, ni};
+		sx_each_load(n->body, dep_kernel, &d);
+		bool joined = false;
+		/* latest kernel first; never before a dependency's kernel.
+		 * KILN_NOFUSE=1 gives every node its own kernel (debugging) */
+		static int nofuse = -1;
+		if (nofuse < 0) {
+			const char *e = getenv("KILN_NOFUSE");
+			nofuse = e != NULL && e[0] == '1';
+		}
+		for (int32_t ki = (int32_t)c->n_kernels - 1;
+		     !nofuse && ki >= 0 && ki >= d.max_kernel && !joined;
+		     ki--) {
+			int rc = try_join(c, &c->kernels[ki], ni, &joined);
+			if (rc != 0)
+				return rc;
+		}
+		if (joined)
+			continue;
+		kernel_t *k;
+		int rc = new_kernel(c, n, &k);
+		if (rc == 0)
+			rc = try_join(c, k, ni, &joined);
+		if (rc != 0)
+			return rc;
+		if (!joined)
+			return cir_err(c, KILN_EINTERNAL,
+				       "scheduler: node %u fits no kernel", ni);
+	}
+	for (uint32_t ki = 0; ki < c->n_kernels; ki++)
+		if (!c->kernels[ki].is_fallback)
+			make_passes(c, &c->kernels[ki]);
+	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
+		kernel_t *k = &c->kernels[ki];
+		for (uint32_t i = 0; i < k->n_members; i++) {
+			struct memscan s = {c, (int32_t)ki, k->members[i].pass,
+					    k->members[i].role};
+			sx_each_load(k->members[i].body, mark_mem, &s);
+		}
+	}
+	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
+		kernel_t *k = &c->kernels[ki];
+		if (!k->is_fallback)
+			continue;
+		const kiln_node_t *nd =
+		    &c->g->nodes[c->nodes[k->members[0].node].node];
+		for (uint32_t i = 0; i < nd->n_args; i++)
+			mark_fb_arg(c, &nd->args[i], (int32_t)ki);
+		for (uint32_t i = 0; i < nd->n_kwargs; i++)
+			mark_fb_arg(c, &nd->kwargs[i].val, (int32_t)ki);
+	}
+	for (uint32_t b = 0; b < c->n_bufs; b++)
+		if (c->bufs[b].is_output)
+			c->bufs[b].in_memory = true;
+	return 0;
+}
+
+/* A fallback reads its inputs from memory. */
+void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel)
+{
+	cbuf_t *b = &c->bufs[buf];
+	b->n_readers++;
+	if (b->kind != CB_TEMP)
+		return;
+	b->in_memory = true;
+	if (kernel > b->last_use)
+		b->last_use = kernel;
+}
+
+/* ---- report ----------------------------------------------------------- */
+
+typedef struct sbuf {
+	char *p;
+	size_t n, cap;
+} sbuf_t;
+
+__attribute__((format(printf, 2, 3))) static void
+sb_printf(sbuf_t *s, const char *fmt, ...)
+{
+	for (;;) {
+		va_list ap;
+		va_start(ap, fmt);
+		size_t room = s->cap - s->n;
+		int w = vsnprintf(s->p ? s->p + s->n : NULL, s->p ? room : 0,
+				  fmt, ap);
+		va_end(ap);
+		if (w < 0)
+			return;
+		if (s->p != NULL && (size_t)w < room) {
+			s->n += (size_t)w;
+			return;
+		}
+		size_t nc = (s->cap ? s->cap * 2 : 4096) + (size_t)w;
+		char *np = realloc(s->p, nc);
+		if (np == NULL)
+			return;
+		s->p = np;
+		s->cap = nc;
+	}
+}
+
+static void sb_dims(cctx_t *c, sbuf_t *s, uint32_t rank, const kiln_dim_t *d,
+		    uint32_t rmask)
+{
+	sb_printf(s, "[");
+	for (uint32_t i = 0; i < rank; i++) {
+		char buf[64];
+		kiln_expr_format(c->g, ix_dim(c, d[i]), buf, sizeof(buf));
+		sb_printf(s, "%s%s%s", i ? ", " : "", buf,
+			  rmask >> i & 1 ? "*" : "");
+	}
+	sb_printf(s, "]");
+}
+
+static const char *const role_names[] = {"full", "reduce", "row"};
+static const char *const red_names[] = {
+    "", "sum", "prod", "max", "min", "argmax", "argmin", "any", "all"};
+
+char *sched_report(cctx_t *c)
+{
+	sbuf_t s = {NULL, 0, 0};
+	uint32_t nfused = 0;
+	for (uint32_t i = 0; i < c->n_nodes; i++)
+		nfused++;
+	sb_printf(&s, "%u kernels from %u graph nodes (%u compute nodes)\n",
+		  c->n_kernels, c->g->n_nodes, nfused);
+	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
+		kernel_t *k = &c->kernels[ki];
+		if (k->is_fallback) {
+			const cnode_t *n = &c->nodes[k->members[0].node];
+			sb_printf(&s,
+				  "%s: fallback step <- node %d %s (run by "
+				  "torch)\n",
+				  k->name, n->node, c->g->nodes[n->node].op);
+			continue;
+		}
+		sb_printf(&s, "%s: %s ", k->name,
+			  k->is_row ? "row kernel" : "pointwise kernel");
+		sb_dims(c, &s, k->frank, k->fsizes, k->rmask);
+		if (k->is_row)
+			sb_printf(&s, ", %d pass%s", k->n_passes,
+				  k->n_passes == 1 ? "" : "es");
+		sb_printf(&s, ", %u member%s\n", k->n_members,
+			  k->n_members == 1 ? "" : "s");
+		for (uint32_t i = 0; i < k->n_members; i++) {
+			kmember_t *m = &k->members[i];
+			cnode_t *n = &c->nodes[m->node];
+			cbuf_t *b = &c->bufs[n->buf];
+			const char *op =
+			    n->node >= 0 ? c->g->nodes[n->node].op : "output";
+			sb_printf(&s,
+				  "    %-6s %-6s pass %d  buf%u %s%s  <- node "
+				  "%d %s\n",
+				  role_names[m->role],
+				  n->red != RED_NONE ? red_names[n->red] : "",
+				  m->pass, n->buf, kiln_dtype_name(b->dtype),
+				  b->is_output	 ? " (output)"
+				  : b->in_memory ? " (stored)"
+						 : " (register)",
+				  n->node, op);
+		}
+	}
+	if (s.p == NULL)
+		return NULL;
+	return s.p;
+}

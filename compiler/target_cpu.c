@@ -1,0 +1,339 @@
+/*
+ * target_cpu.c — the x86-64 target: one TargetMachine per compiler (per
+ * worker thread), verify → default<O3> → object in memory → shared object.
+ *
+ * LLVM is initialised once per process (pthread_once) before any compiler
+ * exists; everything else is per compiler and never shared.
+ *
+ * Linking: the object is linked into a shared object by an external linker,
+ * found at run time: LLVM 16's lld when installed (about 3x faster than
+ * GNU ld on these small objects; compiler/README.md has the figures), else
+ * the system `ld`. KILN_LINKER overrides. The .so records libm as needed
+ * (the f64 and pow/atan2 paths call it).
+ */
+#include "compiler/cpu.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static pthread_once_t llvm_once = PTHREAD_ONCE_INIT;
+
+static void llvm_init(void)
+{
+	LLVMInitializeX86TargetInfo();
+	LLVMInitializeX86Target();
+	LLVMInitializeX86TargetMC();
+	LLVMInitializeX86AsmPrinter();
+	LLVMInitializeX86AsmParser();
+}
+
+void kiln__llvm_init(void)
+{
+	pthread_once(&llvm_once, llvm_init);
+}
+
+double kiln__now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static bool exists_x(const char *p)
+{
+	return access(p, X_OK) == 0;
+}
+
+static void find_linker(cpu_target_t *t)
+{
+	const char *env = getenv("KILN_LINKER");
+	if (env != NULL && env[0] != '\0') {
+		snprintf(t->linker, sizeof(t->linker), "%s", env);
+		t->linker_is_lld = strstr(env, "lld") != NULL;
+		return;
+	}
+	static const char *const cands[] = {
+	    "/usr/lib/llvm-16/bin/ld.lld", "/usr/bin/ld.lld-16",
+	    "/usr/bin/ld.lld", "/usr/bin/ld", "/bin/ld"};
+	for (size_t i = 0; i < sizeof(cands) / sizeof(cands[0]); i++)
+		if (exists_x(cands[i])) {
+			snprintf(t->linker, sizeof(t->linker), "%s", cands[i]);
+			t->linker_is_lld = strstr(cands[i], "lld") != NULL;
+			return;
+		}
+	t->linker[0] = '\0';
+}
+
+int cpu_target_init(cpu_target_t *t, const kiln_target_t *want, char *err,
+		    size_t errlen)
+{
+	kiln__llvm_init();
+	memset(t, 0, sizeof(*t));
+	char *triple = LLVMGetDefaultTargetTriple();
+	char *emsg = NULL;
+	LLVMTargetRef target;
+	if (LLVMGetTargetFromTriple(triple, &target, &emsg) != 0) {
+		int rc = kiln__errf(err, errlen, KILN_EINTERNAL,
+				    "no LLVM target for %s: %s", triple,
+				    emsg ? emsg : "?");
+		LLVMDisposeMessage(emsg);
+		LLVMDisposeMessage(triple);
+		return rc;
+	}
+	char *cpu = LLVMGetHostCPUName();
+	char *feat = LLVMGetHostCPUFeatures();
+	snprintf(t->triple, sizeof(t->triple), "%s", triple);
+	snprintf(t->cpu, sizeof(t->cpu), "%s", cpu);
+	memset(&t->target, 0, sizeof(t->target));
+	strcpy(t->target.backend, "cpu");
+	strcpy(t->target.arch, "x86-64");
+	if (want != NULL && want->features[0] != '\0')
+		snprintf(t->target.features, sizeof(t->target.features), "%s",
+			 want->features);
+	else
+		snprintf(t->target.features, sizeof(t->target.features), "%s",
+			 feat);
+	if (want != NULL && want->arch[0] != '\0' &&
+	    strcmp(want->arch, "x86-64") != 0) {
+		LLVMDisposeMessage(cpu);
+		LLVMDisposeMessage(feat);
+		LLVMDisposeMessage(triple);
+		return kiln__errf(err, errlen, KILN_EBADREQ,
+				  "cpu arch \"%s\" is not supported (x86-64)",
+				  want->arch);
+	}
+	t->tm = LLVMCreateTargetMachine(target, triple, cpu, t->target.features,
+					LLVMCodeGenLevelAggressive,
+					LLVMRelocPIC, LLVMCodeModelDefault);
+	LLVMDisposeMessage(cpu);
+	LLVMDisposeMessage(feat);
+	LLVMDisposeMessage(triple);
+	if (t->tm == NULL)
+		return kiln__errf(err, errlen, KILN_EINTERNAL,
+				  "cannot create an LLVM TargetMachine");
+	const char *f = t->target.features;
+	t->vec_width = strstr(f, "+avx512f") ? 16 : strstr(f, "+avx") ? 8 : 4;
+	find_linker(t);
+	if (t->linker[0] == '\0') {
+		LLVMDisposeTargetMachine(t->tm);
+		t->tm = NULL;
+		return kiln__errf(err, errlen, KILN_EINTERNAL,
+				  "no linker found (install lld-16 or "
+				  "binutils, or set KILN_LINKER)");
+	}
+	return 0;
+}
+
+void cpu_target_free(cpu_target_t *t)
+{
+	if (t->tm != NULL)
+		LLVMDisposeTargetMachine(t->tm);
+	t->tm = NULL;
+}
+
+void cpu_prepare_module(cpu_target_t *t, LLVMModuleRef m)
+{
+	LLVMSetTarget(m, t->triple);
+	LLVMTargetDataRef td = LLVMCreateTargetDataLayout(t->tm);
+	char *dl = LLVMCopyStringRepOfTargetData(td);
+	LLVMSetDataLayout(m, dl);
+	LLVMDisposeMessage(dl);
+	LLVMDisposeTargetData(td);
+}
+
+int cpu_optimize(cpu_target_t *t, LLVMModuleRef m, char *err, size_t errlen)
+{
+	char *msg = NULL;
+	if (LLVMVerifyModule(m, LLVMReturnStatusAction, &msg) != 0) {
+		int rc = kiln__errf(err, errlen, KILN_ECOMPILE,
+				    "LLVM verifier: %.400s", msg ? msg : "?");
+		LLVMDisposeMessage(msg);
+		return rc;
+	}
+	LLVMDisposeMessage(msg);
+	LLVMPassBuilderOptionsRef o = LLVMCreatePassBuilderOptions();
+	LLVMPassBuilderOptionsSetLoopVectorization(o, 1);
+	LLVMPassBuilderOptionsSetSLPVectorization(o, 1);
+	LLVMErrorRef e = LLVMRunPasses(m, "default<O3>", t->tm, o);
+	LLVMDisposePassBuilderOptions(o);
+	if (e != NULL) {
+		char *em = LLVMGetErrorMessage(e);
+		int rc = kiln__errf(err, errlen, KILN_ECOMPILE,
+				    "LLVM passes: %.400s", em);
+		LLVMDisposeErrorMessage(em);
+		return rc;
+	}
+	return 0;
+}
+
+int cpu_emit(cpu_target_t *t, LLVMModuleRef m, bool assembly, uint8_t **out,
+	     size_t *len, char *err, size_t errlen)
+{
+	char *msg = NULL;
+	LLVMMemoryBufferRef buf = NULL;
+	if (LLVMTargetMachineEmitToMemoryBuffer(
+		t->tm, m, assembly ? LLVMAssemblyFile : LLVMObjectFile, &msg,
+		&buf) != 0) {
+		int rc = kiln__errf(err, errlen, KILN_ECOMPILE,
+				    "LLVM codegen: %.400s", msg ? msg : "?");
+		LLVMDisposeMessage(msg);
+		return rc;
+	}
+	size_t n = LLVMGetBufferSize(buf);
+	uint8_t *p = malloc(n + 1);
+	if (p == NULL) {
+		LLVMDisposeMemoryBuffer(buf);
+		return -ENOMEM;
+	}
+	memcpy(p, LLVMGetBufferStart(buf), n);
+	p[n] = 0;
+	LLVMDisposeMemoryBuffer(buf);
+	*out = p;
+	*len = n;
+	return 0;
+}
+
+static int write_file(const char *path, const uint8_t *p, size_t n)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	size_t off = 0;
+	while (off < n) {
+		ssize_t w = write(fd, p + off, n - off);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			int rc = -errno;
+			close(fd);
+			return rc;
+		}
+		off += (size_t)w;
+	}
+	return close(fd) == 0 ? 0 : -errno;
+}
+
+static int read_file(const char *path, uint8_t **out, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	struct stat st;
+	if (fstat(fd, &st) != 0) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	uint8_t *p = malloc((size_t)st.st_size + 1);
+	if (p == NULL) {
+		close(fd);
+		return -ENOMEM;
+	}
+	size_t off = 0;
+	while (off < (size_t)st.st_size) {
+		ssize_t r = read(fd, p + off, (size_t)st.st_size - off);
+		if (r <= 0) {
+			if (r < 0 && errno == EINTR)
+				continue;
+			int rc = r < 0 ? -errno : -EIO;
+			free(p);
+			close(fd);
+			return rc;
+		}
+		off += (size_t)r;
+	}
+	close(fd);
+	*out = p;
+	*len = off;
+	return 0;
+}
+
+int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
+	     size_t *solen, char *err, size_t errlen)
+{
+	const char *tmp = getenv("TMPDIR");
+	char dir[512];
+	snprintf(dir, sizeof(dir), "%s/kiln-link-XXXXXX",
+		 tmp && tmp[0] ? tmp : "/tmp");
+	if (mkdtemp(dir) == NULL)
+		return kiln__errf(err, errlen, -errno,
+				  "link: cannot create a temp dir: %s",
+				  strerror(errno));
+	char o[600], s[600], log[600];
+	snprintf(o, sizeof(o), "%s/k.o", dir);
+	snprintf(s, sizeof(s), "%s/k.so", dir);
+	snprintf(log, sizeof(log), "%s/ld.log", dir);
+	int rc = write_file(o, obj, objlen);
+	if (rc != 0) {
+		kiln__errf(err, errlen, rc, "link: writing the object: %s",
+			   strerror(-rc));
+		goto out;
+	}
+	const char *libm = access("/lib/x86_64-linux-gnu/libm.so.6", R_OK) == 0
+			       ? "/lib/x86_64-linux-gnu/libm.so.6"
+			       : NULL;
+	char *argv[16];
+	int ac = 0;
+	argv[ac++] = t->linker;
+	argv[ac++] = "-shared";
+	argv[ac++] = "--hash-style=gnu";
+	argv[ac++] = "-z";
+	argv[ac++] = "noexecstack";
+	argv[ac++] = "-o";
+	argv[ac++] = s;
+	argv[ac++] = o;
+	if (libm != NULL)
+		argv[ac++] = (char *)libm;
+	argv[ac] = NULL;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, 2, log,
+					 O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	pid_t pid;
+	int sp = posix_spawn(&pid, t->linker, &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (sp != 0) {
+		rc = kiln__errf(err, errlen, KILN_ECOMPILE,
+				"link: cannot run %s: %s", t->linker,
+				strerror(sp));
+		goto out;
+	}
+	int status;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		uint8_t *lg = NULL;
+		size_t ll = 0;
+		read_file(log, &lg, &ll);
+		rc = kiln__errf(err, errlen, KILN_ECOMPILE,
+				"link: %s failed: %.300s", t->linker,
+				lg ? (char *)lg : "");
+		free(lg);
+		goto out;
+	}
+	rc = read_file(s, so, solen);
+	if (rc != 0)
+		kiln__errf(err, errlen, rc, "link: reading the .so: %s",
+			   strerror(-rc));
+out:
+	unlink(o);
+	unlink(s);
+	unlink(log);
+	rmdir(dir);
+	return rc;
+}

@@ -333,18 +333,19 @@ int low_batch_norm_eval(cctx_t *c, lnode_t *n)
 	if (rc == 0)
 		rc = ltensor_opt(n, 2, "bias", &b);
 	if (rc == 0)
-		rc = ltensor(n, 3, "running_mean", &rm);
+		rc = ltensor_opt(n, 3, "running_mean", &rm);
 	if (rc == 0)
-		rc = ltensor(n, 4, "running_var", &rv);
+		rc = ltensor_opt(n, 4, "running_var", &rv);
 	if (rc == 0 && n->param == 1)
 		rc = lbool(n, 5, "training", false, &training);
 	if (rc == 0)
 		rc = lfloat(n, n->param == 1 ? 7 : 6, "eps", 1e-5, &eps);
 	if (rc != 0)
 		return rc;
-	if (training)
+	if (training || rm == NULL || rv == NULL)
 		return lerr(n, KILN_EUNSUPOP,
-			    "training-mode batch_norm is not lowered yet");
+			    "batch_norm with batch statistics is not lowered "
+			    "yet");
 	if (x0->rank < 2)
 		return lerr(n, KILN_EINVGRAPH,
 			    "batch_norm needs an input of rank >= 2");

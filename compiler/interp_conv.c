@@ -55,7 +55,7 @@ static int spatial_list(ictx_t *c, int pos, const char *name, int nsp,
 				   name, nsp, n);
 	for (int k = 0; k < nsp; k++) {
 		v[k] = t[n == 1 ? 0 : k];
-		if (llabs(v[k]) > KI_MAX_ELEMS)
+		if (v[k] < -KI_MAX_ELEMS || v[k] > KI_MAX_ELEMS)
 			return kiln__i_bad(c, "%s %lld is too large", name,
 					   (long long)v[k]);
 	}

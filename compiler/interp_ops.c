@@ -701,25 +701,21 @@ int kiln__op_layer_norm_bw(ictx_t *c, int code)
 			    rv[m] * (gw - s1 / (double)N - xh * s2 / (double)N);
 		}
 	}
-	const it_t *pshape[2] = {wt, bt};
+	/* grad_weight / grad_bias have normalized_shape, in weight's (else
+	 * bias's, else input's) dtype */
+	const it_t *pt = wt ? wt : bt;
+	kiln_dtype_t pdt = pt ? pt->dt : x->dt;
+	if (rc == 0 && bt != NULL)
+		rc = kiln__i_need_shape(c, bt, "bias", (uint32_t)nn, ns);
 	for (int k = 0; rc == 0 && k < 3; k++) {
-		if (!mask[k]) {
+		if (!mask[k])
 			rc = kiln__i_none_out(c, (uint32_t)k);
-			continue;
-		}
-		if (k == 0) {
+		else if (k == 0)
 			rc = kiln__i_from_f(c, &c->out[0], x->dt, x->rank,
 					    x->size, gv);
-			continue;
-		}
-		const it_t *ps = pshape[k - 1] ? pshape[k - 1] : wt;
-		kiln_dtype_t dt = ps ? ps->dt : x->dt;
-		if (ps != NULL)
-			rc = kiln__i_from_f(c, &c->out[k], dt, ps->rank,
-					    ps->size, k == 1 ? dw : db);
 		else
-			rc = kiln__i_from_f(c, &c->out[k], dt, (uint32_t)nn, ns,
-					    k == 1 ? dw : db);
+			rc = kiln__i_from_f(c, &c->out[k], pdt, (uint32_t)nn,
+					    ns, k == 1 ? dw : db);
 	}
 	free(gv);
 	free(xv);
@@ -945,6 +941,16 @@ int kiln__op_batch_norm_bw(ictx_t *c, int code)
 	return rc;
 }
 
+/* Whether t has exactly a * b * c elements (without overflowing). */
+static bool fits3(const it_t *t, int64_t a, int64_t b, int64_t c)
+{
+	int64_t n;
+	if (a < 0 || b < 0 || c < 0 || __builtin_mul_overflow(a, b, &n) ||
+	    __builtin_mul_overflow(n, c, &n))
+		return false;
+	return kiln__i_numel(t) == n;
+}
+
 /* native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) */
 int kiln__op_group_norm(ictx_t *c, int code)
 {
@@ -960,7 +966,7 @@ int kiln__op_group_norm(ictx_t *c, int code)
 	KI_TRY(kiln__i_int(c, 6, "group", KI_REQ, &G));
 	KI_TRY(kiln__i_num(c, 7, "eps", true, 0, &eps));
 	if (G <= 0 || C % G != 0 || x->rank < 2 || x->size[0] != N ||
-	    x->size[1] != C || kiln__i_numel(x) != N * C * HW)
+	    x->size[1] != C || !fits3(x, N, C, HW))
 		return kiln__i_bad(
 		    c,
 		    "N=%lld C=%lld HxW=%lld group=%lld do not fit "
@@ -1028,8 +1034,7 @@ int kiln__op_group_norm_bw(ictx_t *c, int code)
 	KI_TRY(kiln__i_bools(c, 9, "output_mask", mask, 3, &nm));
 	KI_TRY(need_float(c, x, "input"));
 	if (nm != 3 || G <= 0 || C % G != 0 || x->rank < 2 ||
-	    kiln__i_numel(x) != N * C * HW || kiln__i_numel(mt) != N * G ||
-	    kiln__i_numel(rt) != N * G)
+	    !fits3(x, N, C, HW) || !fits3(mt, N, G, 1) || !fits3(rt, N, G, 1))
 		return kiln__i_bad(c, "arguments do not fit the input");
 	KI_TRY(kiln__i_need_shape(c, g, "grad_out", x->rank, x->size));
 	int64_t cs[1] = {C}, D = C / G * HW, cpg = C / G;

@@ -399,7 +399,7 @@ int kiln__op_split(ictx_t *c, int code)
 			return kiln__i_bad(
 			    c, "split_size %lld is invalid for size %lld",
 			    (long long)ss, (long long)len);
-		n = ss == 0 ? 1 : (uint32_t)((len + ss - 1) / ss);
+		n = ss == 0 ? 1 : (uint32_t)(len / ss + (len % ss != 0));
 		if (n == 0)
 			n = 1;
 	} else if (code == SPLIT_SIZES) {
@@ -412,7 +412,8 @@ int kiln__op_split(ictx_t *c, int code)
 		for (int k = 0; k < ns; k++) {
 			if (sizes[k] < 0)
 				return kiln__i_bad(c, "negative split size");
-			tot += sizes[k];
+			if (__builtin_add_overflow(tot, sizes[k], &tot))
+				return kiln__i_bad(c, "split sizes overflow");
 		}
 		if (tot != len)
 			return kiln__i_bad(
@@ -600,8 +601,9 @@ int kiln__op_pad(ictx_t *c, int code)
 	for (int k = 0; k < n / 2; k++) {
 		uint32_t d = x->rank - 1 - (uint32_t)k;
 		lo[d] = pad[2 * k];
-		if (llabs(pad[2 * k]) > KI_MAX_ELEMS ||
-		    llabs(pad[2 * k + 1]) > KI_MAX_ELEMS)
+		if (pad[2 * k] < -KI_MAX_ELEMS || pad[2 * k] > KI_MAX_ELEMS ||
+		    pad[2 * k + 1] < -KI_MAX_ELEMS ||
+		    pad[2 * k + 1] > KI_MAX_ELEMS)
 			return kiln__i_bad(c, "pad too large");
 		size[d] = x->size[d] + pad[2 * k] + pad[2 * k + 1];
 		if (size[d] < 0)
@@ -710,6 +712,7 @@ int kiln__op_select_bw(ictx_t *c, int code)
 	KI_TRY(kiln__i_int(c, 3, "index", KI_REQ, &index));
 	if (n < 1)
 		return kiln__i_bad(c, "input_sizes must not be empty");
+	KI_TRY(kiln__i_check_numel(c, (uint32_t)n, size));
 	KI_TRY(kiln__i_dim(c, dim, (uint32_t)n, &d));
 	if (index < -size[d] || index >= size[d])
 		return kiln__i_bad(c, "index %lld out of range",
@@ -751,6 +754,7 @@ int kiln__op_slice_bw(ictx_t *c, int code)
 	KI_TRY(kiln__i_int(c, 5, "step", KI_REQ, &step));
 	if (n < 1)
 		return kiln__i_bad(c, "input_sizes must not be empty");
+	KI_TRY(kiln__i_check_numel(c, (uint32_t)n, size));
 	KI_TRY(kiln__i_dim(c, dim, (uint32_t)n, &d));
 	if (step <= 0)
 		return kiln__i_bad(c, "step must be positive");

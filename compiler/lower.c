@@ -903,8 +903,18 @@ int lower_graph(cctx_t *c)
 		} else {
 			ln.param = op->param;
 			set_var_ranges(c, 0, NULL);
+			uint32_t nb = c->n_bufs, nn = c->n_nodes;
 			rc = op->fn(c, &ln);
 			set_var_ranges(c, 0, NULL);
+			if (rc == KILN_EUNSUPOP) {
+				/* a variant kiln does not lower (e.g. training
+				 * batch_norm): undo, and fall back */
+				c->n_bufs = nb;
+				c->n_nodes = nn;
+				for (uint32_t k = 0; k < nd->n_out; k++)
+					c->vals[nd->out_first + k] = NULL;
+				rc = lower_fallback(c, &ln);
+			}
 		}
 		if (rc != 0)
 			return rc;

@@ -360,6 +360,14 @@ int low_binary(cctx_t *c, lnode_t *n)
 	const sx_t *b = lop_value(n, &ops[1], rank, sizes, cdt);
 	if (a == NULL || b == NULL)
 		return -ENOMEM;
+	/* a comparison happens in the common dtype: a scalar compared with
+	 * an f16/bf16 tensor is rounded to it first (as torch does) */
+	if (is_cmp && (cdt == KILN_DT_F16 || cdt == KILN_DT_BF16)) {
+		if (ops[0].t == NULL)
+			a = sx_cast(c, a, cdt);
+		if (ops[1].t == NULL)
+			b = sx_cast(c, b, cdt);
+	}
 	if (rev) {
 		const sx_t *t = a;
 		a = b;

@@ -948,7 +948,9 @@ int low_as_strided(cctx_t *c, lnode_t *n)
 	if (ns != nt)
 		return lerr(n, KILN_EINVGRAPH,
 			    "size and stride lengths differ");
-	const kiln_arg_t *oa = larg(n, 3, "storage_offset");
+	/* _reshape_alias (param 1) keeps the input's offset */
+	const kiln_arg_t *oa =
+	    n->param == 1 ? NULL : larg(n, 3, "storage_offset");
 	const kiln_expr_t *off = ix_const(c, 0);
 	if (oa != NULL && oa->kind != KILN_ARG_NIL) {
 		rc = lsymint(n, oa, &off);

@@ -1,0 +1,795 @@
+/*
+ * test_compile.c — the compiler end to end: every per-op case and every
+ * corpus graph is compiled, loaded with the runtime, run (fallback steps in
+ * the reference interpreter) and compared with torch's outputs and with the
+ * interpreter's; fusion decisions (kernel counts); dynamic shapes (one
+ * artifact, several sizes); two threads compiling at once; and the
+ * rejection of semantically invalid graphs.
+ *
+ * Tolerances: those of tests/common/testdata.h (f32: rtol 1e-5, atol 1e-6),
+ * loosened to an io file's own "rtol"/"atol" where it carries them. The
+ * transcendental approximations (compiler/mathfn.c) stay inside them.
+ */
+#include "clients/libkiln/kiln.h"
+#include "compiler/compiler.h"
+#include "tests/common/testdata.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef KILN_TEST_DATA_DIR
+#error "KILN_TEST_DATA_DIR must be defined"
+#endif
+
+static kiln_compiler_t *new_compiler(void)
+{
+	char err[512];
+	kiln_compiler_t *kc = NULL;
+	int rc = kiln_compiler_new(NULL, &kc, err, sizeof(err));
+	cr_assert_eq(rc, 0, "kiln_compiler_new: %s", err);
+	return kc;
+}
+
+static kiln_graph_t *graph_from_json_like(const char *what, msgpack_sbuffer *sb)
+{
+	kiln_graph_t *g = NULL;
+	char err[512];
+	int rc = kiln_graph_decode((const uint8_t *)sb->data, sb->size, NULL,
+				   &g, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s: %s", what, err);
+	return g;
+}
+
+/* Ops whose outputs are undefined memory in torch. */
+static bool undefined_values(const kiln_graph_t *g)
+{
+	for (uint32_t i = 0; i < g->n_nodes; i++)
+		if (strstr(g->nodes[i].op, "empty") != NULL)
+			return true;
+	return false;
+}
+
+typedef struct runres {
+	bool ok;
+	char msg[1200];
+	uint32_t kernels, fallbacks;
+} runres_t;
+
+/* Compiles g, runs it on io's inputs, compares with io's outputs (torch)
+ * and with the interpreter. */
+static void check(kiln_compiler_t *kc, const kiln_graph_t *g, kiln_td_io_t *io,
+		  runres_t *r)
+{
+	char err[1024] = "";
+	memset(r, 0, sizeof(*r));
+	r->ok = true;
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	strcpy(opts.mode, "default");
+	kiln_artifact_t *a = NULL;
+	kiln_compile_stats_t st;
+	int rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+	if (rc != 0) {
+		r->ok = false;
+		snprintf(r->msg, sizeof(r->msg), "compile: %s: %s",
+			 kiln_err_wire_name(rc), err);
+		return;
+	}
+	r->kernels = st.n_kernels;
+	r->fallbacks = st.n_fallbacks;
+	kiln_tensor_t *in = calloc(g->n_inputs + 1, sizeof(*in));
+	kiln_tensor_t *ref = calloc(g->n_outputs + 1, sizeof(*ref));
+	kiln_io_t *args = calloc(g->n_inputs + 1, sizeof(*args));
+	kiln_module_t *m = NULL;
+	void **bufs = NULL;
+	kiln_io_t *outs = NULL;
+	bool have_ref = false;
+	rc = kiln_td_make_inputs(g, io, in, err, sizeof(err));
+	if (rc != 0) {
+		kiln_artifact_free(a);
+		r->ok = false;
+		snprintf(r->msg, sizeof(r->msg), "inputs: %s", err);
+		goto out;
+	}
+	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
+	if (rc != 0) {
+		r->ok = false;
+		snprintf(r->msg, sizeof(r->msg), "load: %s", err);
+		goto out;
+	}
+	for (uint32_t i = 0; i < g->n_inputs; i++) {
+		if (g->values[i].kind == KILN_VAL_SYMINT) {
+			args[i].kind = KILN_IO_INT;
+			args[i].i = *(const int64_t *)in[i].data;
+		} else {
+			args[i].kind = KILN_IO_TENSOR;
+			args[i].t = in[i];
+		}
+	}
+	bufs = calloc(kiln_module_n_out_buffers(m) + 1, sizeof(void *));
+	outs = calloc(kiln_module_n_outputs(m) + 1, sizeof(*outs));
+	kiln_run_opts_t ro = {NULL, kiln_interp_fallback, NULL};
+	rc = kiln_module_run(m, args, g->n_inputs, bufs, outs, &ro, err,
+			     sizeof(err));
+	if (rc != 0) {
+		r->ok = false;
+		snprintf(r->msg, sizeof(r->msg), "run: %s", err);
+		goto out;
+	}
+	have_ref = kiln_interp_run(g, in, ref, err, sizeof(err)) == 0;
+	bool undef = undefined_values(g);
+	for (uint32_t k = 0; k < g->n_outputs && k < io->n_outputs && !undef;
+	     k++) {
+		kiln_td_value_t *w = &io->outputs[k];
+		if (w->is_int) {
+			if (outs[k].kind != KILN_IO_INT ||
+			    outs[k].i != w->ival) {
+				r->ok = false;
+				snprintf(r->msg, sizeof(r->msg),
+					 "output %u: int %lld, want %lld", k,
+					 (long long)outs[k].i,
+					 (long long)w->ival);
+			}
+			continue;
+		}
+		double rtol, atol;
+		kiln_td_tolerance(w->t.dtype, &rtol, &atol);
+		if (io->rtol > rtol)
+			rtol = io->rtol;
+		if (io->atol > atol)
+			atol = io->atol;
+		kiln_td_cmp_t cr;
+		if (!kiln_td_compare(&outs[k].t, &w->t, rtol, atol, &cr)) {
+			r->ok = false;
+			snprintf(r->msg, sizeof(r->msg),
+				 "output %u vs torch: %s", k, cr.msg);
+			continue;
+		}
+		if (have_ref &&
+		    !kiln_td_compare(&outs[k].t, &ref[k], rtol, atol, &cr)) {
+			r->ok = false;
+			snprintf(r->msg, sizeof(r->msg),
+				 "output %u vs interpreter: %s", k, cr.msg);
+		}
+	}
+out:
+	if (bufs != NULL)
+		for (uint32_t i = 0;
+		     m != NULL && i < kiln_module_n_out_buffers(m); i++)
+			free(bufs[i]);
+	free(bufs);
+	free(outs);
+	if (have_ref)
+		for (uint32_t k = 0; k < g->n_outputs; k++)
+			free(ref[k].data);
+	free(ref);
+	free(args);
+	kiln_module_free(m);
+	kiln_td_inputs_free(in, g->n_inputs);
+	free(in);
+}
+
+static int list_dir(const char *dir, const char *suffix, char ***out)
+{
+	DIR *d = opendir(dir);
+	cr_assert_not_null(d, "cannot open %s", dir);
+	int n = 0, cap = 64;
+	char **names = malloc(sizeof(char *) * (size_t)cap);
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		size_t l = strlen(e->d_name), sl = strlen(suffix);
+		if (l <= sl || strcmp(e->d_name + l - sl, suffix) != 0)
+			continue;
+		if (n == cap) {
+			cap *= 2;
+			names = realloc(names, sizeof(char *) * (size_t)cap);
+		}
+		names[n++] = strdup(e->d_name);
+	}
+	closedir(d);
+	*out = names;
+	return n;
+}
+
+/* ---- every per-op case ----------------------------------------------------
+ */
+
+Test(compile, op_cases, .timeout = 900)
+{
+	kiln_compiler_t *kc = new_compiler();
+	char **files;
+	int nf = list_dir(KILN_TEST_DATA_DIR "/ops", ".cases.msgpack", &files);
+	cr_assert_gt(nf, 50, "too few op case files");
+	int failed = 0, total = 0;
+	for (int f = 0; f < nf; f++) {
+		char path[1024], err[1024];
+		snprintf(path, sizeof(path), "%s/ops/%s", KILN_TEST_DATA_DIR,
+			 files[f]);
+		kiln_td_cases_t cs;
+		int rc = kiln_td_cases_load(path, &cs, err, sizeof(err));
+		cr_expect_eq(rc, 0, "%s: %s", path, err);
+		for (uint32_t i = 0; rc == 0 && i < cs.n; i++) {
+			runres_t r;
+			check(kc, cs.cases[i].graph, &cs.cases[i].io, &r);
+			total++;
+			if (!r.ok) {
+				failed++;
+				cr_log_error("%s / %s: %s", files[f],
+					     cs.cases[i].name, r.msg);
+			}
+		}
+		if (rc == 0)
+			kiln_td_cases_free(&cs);
+		free(files[f]);
+	}
+	free(files);
+	kiln_compiler_free(kc);
+	cr_expect_eq(failed, 0, "%d of %d op cases failed", failed, total);
+}
+
+/* ---- the corpus ------------------------------------------------------------
+ */
+
+Test(compile, corpus, .timeout = 900)
+{
+	kiln_compiler_t *kc = new_compiler();
+	char **files;
+	int nf =
+	    list_dir(KILN_TEST_DATA_DIR "/graphs", ".graph.msgpack", &files);
+	cr_assert_geq(nf, 12, "the corpus has %d graphs", nf);
+	for (int f = 0; f < nf; f++) {
+		char gpath[1024], iopath[1024], err[1024];
+		snprintf(gpath, sizeof(gpath), "%s/graphs/%s",
+			 KILN_TEST_DATA_DIR, files[f]);
+		snprintf(iopath, sizeof(iopath), "%s", gpath);
+		strcpy(strstr(iopath, ".graph.msgpack"), ".io.msgpack");
+		kiln_graph_t *g = NULL;
+		int rc = kiln_td_graph_load(gpath, &g, err, sizeof(err));
+		cr_assert_eq(rc, 0, "%s: %s", gpath, err);
+		kiln_td_io_t io;
+		memset(&io, 0, sizeof(io));
+		rc = kiln_td_io_load(iopath, &io, err, sizeof(err));
+		cr_assert_eq(rc, 0, "%s: %s", iopath, err);
+		runres_t r;
+		check(kc, g, &io, &r);
+		cr_expect(r.ok, "%s: %s", files[f], r.msg);
+		bool all_supported = true;
+		for (uint32_t i = 0; i < g->n_nodes; i++)
+			all_supported = all_supported &&
+					kiln_compiler_supports(g->nodes[i].op);
+		if (all_supported)
+			cr_expect_eq(r.fallbacks, 0,
+				     "%s uses only lowered ops but has %u "
+				     "fallback steps",
+				     files[f], r.fallbacks);
+		kiln_td_io_free(&io);
+		kiln_graph_free(g);
+		free(files[f]);
+	}
+	free(files);
+	kiln_compiler_free(kc);
+}
+
+/* ---- hand-built graphs ----------------------------------------------------
+ */
+
+typedef struct gb {
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+} gb_t;
+
+static void gb_init(gb_t *b)
+{
+	msgpack_sbuffer_init(&b->sb);
+	msgpack_packer_init(&b->pk, &b->sb, msgpack_sbuffer_write);
+}
+
+static void s(gb_t *b, const char *str)
+{
+	kiln_pack_cstr(&b->pk, str);
+}
+
+static void spec2(gb_t *b, const char *dt, int64_t d0, int64_t d1)
+{
+	msgpack_pack_map(&b->pk, 2);
+	s(b, "dtype");
+	s(b, dt);
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, 2);
+	msgpack_pack_int64(&b->pk, d0);
+	msgpack_pack_int64(&b->pk, d1);
+}
+
+static void ref(gb_t *b, uint32_t v)
+{
+	msgpack_pack_map(&b->pk, 1);
+	s(b, "ref");
+	msgpack_pack_uint32(&b->pk, v);
+}
+
+/* The kernel count of a graph's fusion report. */
+static uint32_t n_kernels(kiln_compiler_t *kc, const kiln_graph_t *g,
+			  char **report)
+{
+	char err[512];
+	kiln_compile_stats_t st;
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	char *text = NULL;
+	int rc = kiln_compile_ex(kc, g, &opts, NULL, &text, KILN_EMIT_KERNELS,
+				 &st, err, sizeof(err));
+	cr_assert_eq(rc, 0, "compile: %s", err);
+	if (report)
+		*report = text;
+	else
+		free(text);
+	return st.n_kernels + st.n_fallbacks;
+}
+
+Test(fusion, softmax_is_one_kernel)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", 64, 1000);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten._softmax.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 3);
+	ref(&b, 0);
+	msgpack_pack_int64(&b.pk, -1);
+	msgpack_pack_false(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", 64, 1000);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 1);
+	kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
+	char *rep;
+	uint32_t n = n_kernels(kc, g, &rep);
+	cr_expect_eq(n, 1, "softmax: %u kernels:\n%s", n, rep);
+	cr_expect(strstr(rep, "3 passes") != NULL, "%s", rep);
+	free(rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+Test(fusion, layer_norm_is_one_kernel)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 3);
+	spec2(&b, "f32", 128, 768);
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 768);
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 768);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.native_layer_norm.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 5);
+	ref(&b, 0);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 768);
+	ref(&b, 1);
+	ref(&b, 2);
+	msgpack_pack_double(&b.pk, 1e-5);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	spec2(&b, "f32", 128, 768);
+	spec2(&b, "f32", 128, 1);
+	spec2(&b, "f32", 128, 1);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 3);
+	ref(&b, 3);
+	ref(&b, 4);
+	ref(&b, 5);
+	kiln_graph_t *g = graph_from_json_like("layer_norm", &b.sb);
+	char *rep;
+	uint32_t n = n_kernels(kc, g, &rep);
+	cr_expect_eq(n, 1, "layer_norm: %u kernels:\n%s", n, rep);
+	free(rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+/* gelu(x * w + b), elementwise with broadcast w, b: one pointwise kernel. */
+Test(fusion, gelu_chain_is_one_kernel)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 3);
+	spec2(&b, "f32", 512, 1024);
+	spec2(&b, "f32", 1, 1024);
+	spec2(&b, "f32", 1, 1024);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 3);
+	const char *ops[3] = {"aten.mul.Tensor", "aten.add.Tensor",
+			      "aten.gelu.default"};
+	for (int i = 0; i < 3; i++) {
+		msgpack_pack_map(&b.pk, 3);
+		s(&b, "op");
+		s(&b, ops[i]);
+		s(&b, "args");
+		msgpack_pack_array(&b.pk, i < 2 ? 2 : 1);
+		ref(&b, i == 0 ? 0 : (uint32_t)(2 + i));
+		if (i < 2)
+			ref(&b, (uint32_t)(1 + i));
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		spec2(&b, "f32", 512, 1024);
+	}
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 5);
+	kiln_graph_t *g = graph_from_json_like("gelu chain", &b.sb);
+	char *rep;
+	uint32_t n = n_kernels(kc, g, &rep);
+	cr_expect_eq(n, 1, "gelu(x*w+b): %u kernels:\n%s", n, rep);
+	free(rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+/* Views are index arithmetic: permute + expand + add is one kernel, and an
+ * output that is a view of an input needs no kernel at all. */
+Test(fusion, views_are_not_copies)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", 32, 48);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.t.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_int64(&b.pk, 48);
+	msgpack_pack_int64(&b.pk, 32);
+	s(&b, "strides");
+	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 48);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.relu.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", 48, 32);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 2);
+	ref(&b, 1);
+	ref(&b, 2);
+	kiln_graph_t *g = graph_from_json_like("views", &b.sb);
+	char *rep;
+	uint32_t n = n_kernels(kc, g, &rep);
+	cr_expect_eq(n, 1, "t + relu: %u kernels:\n%s", n, rep);
+	free(rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+/* ---- dynamic shapes: one artifact, several sizes --------------------------
+ */
+
+Test(dynamic, one_artifact_many_sizes)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	gb_init(&b);
+	/* y = softmax(x * 2 + 1) over [s0, 48], then layer_norm-free sum */
+	msgpack_pack_map(&b.pk, 5);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "symbols");
+	msgpack_pack_map(&b.pk, 1);
+	s(&b, "s0");
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "min");
+	msgpack_pack_int64(&b.pk, 1);
+	s(&b, "max");
+	msgpack_pack_nil(&b.pk);
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 2);
+	s(&b, "s0");
+	msgpack_pack_int64(&b.pk, 48);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.mul.Tensor");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 2);
+	ref(&b, 0);
+	msgpack_pack_double(&b.pk, 2.0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 2);
+	s(&b, "s0");
+	msgpack_pack_int64(&b.pk, 48);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten._softmax.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 3);
+	ref(&b, 1);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_false(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 2);
+	s(&b, "s0");
+	msgpack_pack_int64(&b.pk, 48);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 2);
+	kiln_graph_t *g = graph_from_json_like("dynamic softmax", &b.sb);
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	int rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_module_t *m = NULL;
+	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	const int64_t rows[] = {1, 7, 33, 130};
+	for (size_t t = 0; t < sizeof(rows) / sizeof(rows[0]); t++) {
+		int64_t sz[2] = {rows[t], 48};
+		kiln_tensor_t x;
+		cr_assert_eq(kiln_td_tensor_alloc(&x, KILN_DT_F32, 2, sz), 0);
+		for (int64_t i = 0; i < rows[t] * 48; i++)
+			((float *)x.data)[i] =
+			    (float)kiln_td_prng_uniform(7, (uint64_t)i, -3, 3);
+		kiln_io_t in = {KILN_IO_TENSOR, 0, x};
+		void *ob[1] = {NULL};
+		kiln_io_t out[1];
+		rc =
+		    kiln_module_run(m, &in, 1, ob, out, NULL, err, sizeof(err));
+		cr_assert_eq(rc, 0, "rows %lld: %s", (long long)rows[t], err);
+		kiln_tensor_t ref[1];
+		rc = kiln_interp_run(g, &x, ref, err, sizeof(err));
+		cr_assert_eq(rc, 0, "interp: %s", err);
+		kiln_td_cmp_t cr;
+		cr_expect(kiln_td_compare(&out[0].t, &ref[0], 1e-5, 1e-6, &cr),
+			  "rows %lld: %s", (long long)rows[t], cr.msg);
+		free(ref[0].data);
+		free(ob[0]);
+		kiln_td_tensor_free(&x);
+	}
+	/* a size that violates min: a clear error, not a crash */
+	int64_t z[2] = {0, 48};
+	kiln_tensor_t x0;
+	cr_assert_eq(kiln_td_tensor_alloc(&x0, KILN_DT_F32, 2, z), 0);
+	kiln_io_t in0 = {KILN_IO_TENSOR, 0, x0};
+	void *ob0[1] = {NULL};
+	kiln_io_t out0[1];
+	rc = kiln_module_run(m, &in0, 1, ob0, out0, NULL, err, sizeof(err));
+	cr_expect_neq(rc, 0, "s0 = 0 violates min 1 but ran");
+	cr_expect(strstr(err, "s0") != NULL, "%s", err);
+	kiln_td_tensor_free(&x0);
+	kiln_module_free(m);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+/* ---- two threads compiling at once ----------------------------------------
+ */
+
+typedef struct thr {
+	const char *graph, *io;
+	int failures;
+	char msg[1200];
+} thr_t;
+
+static void *compile_loop(void *arg)
+{
+	thr_t *t = arg;
+	char err[1024];
+	kiln_compiler_t *kc = NULL;
+	if (kiln_compiler_new(NULL, &kc, err, sizeof(err)) != 0) {
+		t->failures++;
+		snprintf(t->msg, sizeof(t->msg), "%s", err);
+		return NULL;
+	}
+	kiln_graph_t *g = NULL;
+	kiln_td_io_t io;
+	memset(&io, 0, sizeof(io));
+	if (kiln_td_graph_load(t->graph, &g, err, sizeof(err)) != 0 ||
+	    kiln_td_io_load(t->io, &io, err, sizeof(err)) != 0) {
+		t->failures++;
+		snprintf(t->msg, sizeof(t->msg), "%s", err);
+	} else {
+		for (int i = 0; i < 4; i++) {
+			runres_t r;
+			check(kc, g, &io, &r);
+			if (!r.ok) {
+				t->failures++;
+				snprintf(t->msg, sizeof(t->msg), "%s", r.msg);
+			}
+		}
+	}
+	kiln_td_io_free(&io);
+	kiln_graph_free(g);
+	kiln_compiler_free(kc);
+	return NULL;
+}
+
+Test(concurrency, two_threads_compile_different_graphs, .timeout = 300)
+{
+	thr_t t[2] = {
+	    {KILN_TEST_DATA_DIR "/graphs/transformer_layer_fwd.graph.msgpack",
+	     KILN_TEST_DATA_DIR "/graphs/transformer_layer_fwd.io.msgpack", 0,
+	     ""},
+	    {KILN_TEST_DATA_DIR "/graphs/mlp_bwd.graph.msgpack",
+	     KILN_TEST_DATA_DIR "/graphs/mlp_bwd.io.msgpack", 0, ""}};
+	pthread_t th[2];
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(pthread_create(&th[i], NULL, compile_loop, &t[i]),
+			     0);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < 2; i++)
+		cr_expect_eq(t[i].failures, 0, "%s: %s", t[i].graph, t[i].msg);
+}
+
+/* ---- semantically invalid graphs ------------------------------------------
+ */
+
+static void expect_invalid(const char *what, gb_t *b, const char *needle)
+{
+	kiln_compiler_t *kc = new_compiler();
+	kiln_graph_t *g = graph_from_json_like(what, &b->sb);
+	char err[512] = "";
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	int rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
+	cr_expect_eq(rc, KILN_EINVGRAPH, "%s: rc %d (%s)", what, rc, err);
+	cr_expect(strstr(err, "node 0") != NULL, "%s: %s", what, err);
+	cr_expect(strstr(err, needle) != NULL, "%s: \"%s\" not in: %s", what,
+		  needle, err);
+	cr_expect_null(a);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b->sb);
+	kiln_compiler_free(kc);
+}
+
+static void one_node(gb_t *b, const char *op, int64_t a0, int64_t a1,
+		     int64_t b0, int64_t b1, int64_t o0, int64_t o1,
+		     int n_extra, const int64_t *extra)
+{
+	gb_init(b);
+	msgpack_pack_map(&b->pk, 4);
+	s(b, "format");
+	s(b, "kiln.graph/1");
+	s(b, "inputs");
+	msgpack_pack_array(&b->pk, b0 >= 0 ? 2 : 1);
+	spec2(b, "f32", a0, a1);
+	if (b0 >= 0)
+		spec2(b, "f32", b0, b1);
+	s(b, "nodes");
+	msgpack_pack_array(&b->pk, 1);
+	msgpack_pack_map(&b->pk, 3);
+	s(b, "op");
+	s(b, op);
+	s(b, "args");
+	msgpack_pack_array(&b->pk, (b0 >= 0 ? 2 : 1) + (uint32_t)n_extra);
+	ref(b, 0);
+	if (b0 >= 0)
+		ref(b, 1);
+	for (int i = 0; i < n_extra; i++) {
+		if (extra[i] == INT64_MIN) {
+			msgpack_pack_array(&b->pk, 2);
+			msgpack_pack_int64(&b->pk, 5);
+			msgpack_pack_int64(&b->pk, 7);
+		} else {
+			msgpack_pack_int64(&b->pk, extra[i]);
+		}
+	}
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	spec2(b, "f32", o0, o1);
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, b0 >= 0 ? 2 : 1);
+}
+
+Test(invalid, add_shape_mismatch)
+{
+	gb_t b;
+	one_node(&b, "aten.add.Tensor", 3, 4, 5, 4, 3, 4, 0, NULL);
+	expect_invalid("add", &b, "broadcast");
+}
+
+Test(invalid, reduction_dim_out_of_range)
+{
+	gb_t b;
+	int64_t dims = 5;
+	one_node(&b, "aten._softmax.default", 3, 4, -1, 0, 3, 4, 1, &dims);
+	expect_invalid("softmax dim 5", &b, "out of range");
+}
+
+Test(invalid, impossible_view)
+{
+	gb_t b;
+	int64_t sz = INT64_MIN; /* [5, 7] */
+	one_node(&b, "aten.view.default", 3, 4, -1, 0, 5, 7, 1, &sz);
+	expect_invalid("view 12 as 35", &b, "cannot view");
+}
+
+Test(invalid, declared_shape_disagrees)
+{
+	gb_t b;
+	one_node(&b, "aten.relu.default", 3, 4, -1, 0, 4, 3, 0, NULL);
+	expect_invalid("relu out shape", &b, "declared size");
+}

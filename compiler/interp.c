@@ -171,7 +171,8 @@ void kiln__i_contig_strides(uint32_t rank, const int64_t *size, int64_t *st)
 	int64_t s = 1;
 	for (uint32_t d = rank; d-- > 0;) {
 		st[d] = s;
-		s *= size[d] > 1 ? size[d] : 1;
+		if (size[d] > 1 && __builtin_mul_overflow(s, size[d], &s))
+			s = INT64_MAX; /* only for zero-size shapes: never read */
 	}
 }
 

@@ -343,6 +343,8 @@ int kiln__op_slice(ictx_t *c, int code)
 	kiln__i_ref(o, x);
 	o->off += start * x->stride[d];
 	o->size[d] = (end - start) / step + ((end - start) % step != 0);
+	if (step > x->size[d]) /* at most one element: any stride will do */
+		step = 1;
 	o->stride[d] = x->stride[d] * step;
 	return 0;
 }

@@ -166,8 +166,13 @@ int cpu_optimize(cpu_target_t *t, LLVMModuleRef m, char *err, size_t errlen)
 	}
 	LLVMDisposeMessage(msg);
 	LLVMPassBuilderOptionsRef o = LLVMCreatePassBuilderOptions();
-	LLVMPassBuilderOptionsSetLoopVectorization(o, 1);
-	LLVMPassBuilderOptionsSetSLPVectorization(o, 1);
+	/* kiln vectorizes explicitly (codegen.c); LLVM's loop and SLP
+	 * vectorizers would only re-vectorize the scalar tails, at a third of
+	 * the compile time. KILN_LLVM_VECTORIZE=1 turns them back on. */
+	const char *lv = getenv("KILN_LLVM_VECTORIZE");
+	int vec = lv != NULL && lv[0] == '1';
+	LLVMPassBuilderOptionsSetLoopVectorization(o, vec);
+	LLVMPassBuilderOptionsSetSLPVectorization(o, vec);
 	LLVMErrorRef e = LLVMRunPasses(m, "default<O3>", t->tm, o);
 	LLVMDisposePassBuilderOptions(o);
 	if (e != NULL) {

@@ -23,23 +23,82 @@ typedef kiln__dctx_t dctx_t; /* internal.h; shared with artifact.c */
 
 #define FAIL(c, code, ...) fail_at((c), (code), __VA_ARGS__)
 
+static size_t loc_prefix(const dctx_t *c, char *buf, size_t n)
+{
+	int w = 0;
+	switch (c->loc) {
+	case 1: w = snprintf(buf, n, "input %u: ", c->loc_i); break;
+	case 2:
+		w = c->loc_op ? snprintf(buf, n, "node %u (%.60s): ", c->loc_i,
+					 c->loc_op)
+			      : snprintf(buf, n, "node %u: ", c->loc_i);
+		break;
+	case 3:
+		w = snprintf(buf, n, "node %u (%.60s): out %u: ", c->loc_i,
+			     c->loc_op ? c->loc_op : "?", c->loc_k);
+		break;
+	case 4: w = snprintf(buf, n, "output %u: ", c->loc_i); break;
+	default:
+		if (c->where[0] != '\0')
+			w = snprintf(buf, n, "%s: ", c->where);
+		break;
+	}
+	if (w < 0)
+		return 0;
+	return (size_t)w >= n ? n - 1 : (size_t)w;
+}
+
 __attribute__((format(printf, 3, 4))) static int fail_at(dctx_t *c, int code,
 							 const char *fmt, ...)
 {
 	if (c->err != NULL && c->errlen > 0) {
-		size_t n = 0;
-		if (c->where[0] != '\0') {
-			int w = snprintf(c->err, c->errlen, "%s: ", c->where);
-			n = w < 0 ? 0 : (size_t)w;
-			if (n >= c->errlen)
-				n = c->errlen - 1;
-		}
+		size_t n = loc_prefix(c, c->err, c->errlen);
 		va_list ap;
 		va_start(ap, fmt);
 		vsnprintf(c->err + n, c->errlen - n, fmt, ap);
 		va_end(ap);
 	}
 	return code;
+}
+
+/* What is being decoded ("size 2", "arg 1[3]", "kwarg \"dim\""), as a
+ * chain formatted only on failure. */
+typedef struct wpath {
+	const struct wpath *up;
+	const char *s;
+	int32_t i;
+	uint8_t kind; /* 0: s; 1: "s i"; 2: up "[i]"; 3: kwarg "s" */
+} wpath_t;
+
+static size_t wp_fmt(const wpath_t *w, char *buf, size_t n)
+{
+	size_t k = 0;
+	if (w->up != NULL)
+		k = wp_fmt(w->up, buf, n);
+	int r = 0;
+	switch (w->kind) {
+	case 0: r = snprintf(buf + k, n - k, "%s", w->s); break;
+	case 1: r = snprintf(buf + k, n - k, "%s %d", w->s, w->i); break;
+	case 2: r = snprintf(buf + k, n - k, "[%d]", w->i); break;
+	default: r = snprintf(buf + k, n - k, "kwarg \"%.64s\"", w->s); break;
+	}
+	if (r < 0)
+		return k;
+	k += (size_t)r;
+	return k >= n ? n - 1 : k;
+}
+
+/* fail_at with the path's text first: "<what><msg>". */
+__attribute__((format(printf, 4, 5))) static int
+wfail(dctx_t *c, int code, const wpath_t *wp, const char *fmt, ...)
+{
+	char what[192], msg[320];
+	wp_fmt(wp, what, sizeof(what));
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return fail_at(c, code, "%s%s", what, msg);
 }
 
 static const char *type_name(const msgpack_object *o)
@@ -122,14 +181,14 @@ static bool valid_op_name(const char *s, size_t n)
 }
 
 /* Parses an expression from a str or int object. */
-static int parse_dimlike(dctx_t *c, const msgpack_object *o, const char *what,
+static int parse_dimlike(dctx_t *c, const msgpack_object *o, const wpath_t *wp,
 			 kiln_dim_t *out, bool nonneg)
 {
 	int64_t v;
 	if (get_i64(o, &v) == 0) {
 		if (nonneg && v < 0)
-			return FAIL(c, KILN_EINVGRAPH, "negative %s %lld", what,
-				    (long long)v);
+			return wfail(c, KILN_EINVGRAPH, wp,
+				     " is negative (%lld)", (long long)v);
 		out->c = v;
 		out->e = NULL;
 		return 0;
@@ -142,12 +201,12 @@ static int parse_dimlike(dctx_t *c, const msgpack_object *o, const char *what,
 				     &e, sub, sizeof(sub));
 		if (rc != 0)
 			return rc == -ENOMEM ? rc
-					     : FAIL(c, rc, "%s: %s", what, sub);
+					     : wfail(c, rc, wp, ": %s", sub);
 		if (e->kind == KILN_EX_CONST) {
 			if (nonneg && e->c < 0)
-				return FAIL(c, KILN_EINVGRAPH,
-					    "negative %s %lld", what,
-					    (long long)e->c);
+				return wfail(c, KILN_EINVGRAPH, wp,
+					     " is negative (%lld)",
+					     (long long)e->c);
 			out->c = e->c;
 			out->e = NULL;
 		} else {
@@ -157,18 +216,17 @@ static int parse_dimlike(dctx_t *c, const msgpack_object *o, const char *what,
 		return 0;
 	}
 	if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-		return FAIL(c, KILN_EINVGRAPH, "%s out of range", what);
-	return FAIL(c, KILN_EINVGRAPH,
-		    "%s must be an int or an expression "
-		    "string, not %s",
-		    what, type_name(o));
+		return wfail(c, KILN_EINVGRAPH, wp, " out of range");
+	return wfail(c, KILN_EINVGRAPH, wp,
+		     " must be an int or an expression string, not %s",
+		     type_name(o));
 }
 
-static int parse_expr_obj(dctx_t *c, const msgpack_object *o, const char *what,
+static int parse_expr_obj(dctx_t *c, const msgpack_object *o, const wpath_t *wp,
 			  const kiln_expr_t **out)
 {
 	kiln_dim_t d;
-	int rc = parse_dimlike(c, o, what, &d, false);
+	int rc = parse_dimlike(c, o, wp, &d, false);
 	if (rc != 0)
 		return rc;
 	if (d.e == NULL) {
@@ -255,10 +313,9 @@ static int parse_spec(dctx_t *c, const msgpack_object *o, kiln_value_t *v)
 	    kiln_arena_calloc(c->g->arena, rank ? rank : 1, sizeof(kiln_dim_t));
 	if (v->sizes == NULL || v->strides == NULL)
 		return -ENOMEM;
-	char what[32];
 	for (uint32_t i = 0; i < rank; i++) {
-		snprintf(what, sizeof(what), "size %u", i);
-		int rc = parse_dimlike(c, &shape->via.array.ptr[i], what,
+		wpath_t wp = {NULL, "size", (int32_t)i, 1};
+		int rc = parse_dimlike(c, &shape->via.array.ptr[i], &wp,
 				       &v->sizes[i], true);
 		if (rc != 0)
 			return rc;
@@ -267,9 +324,9 @@ static int parse_spec(dctx_t *c, const msgpack_object *o, kiln_value_t *v)
 	    strides != NULL && strides->type != MSGPACK_OBJECT_NIL;
 	if (v->strides_given) {
 		for (uint32_t i = 0; i < rank; i++) {
-			snprintf(what, sizeof(what), "stride %u", i);
+			wpath_t wp = {NULL, "stride", (int32_t)i, 1};
 			int rc = parse_dimlike(c, &strides->via.array.ptr[i],
-					       what, &v->strides[i], true);
+					       &wp, &v->strides[i], true);
 			if (rc != 0)
 				return rc;
 		}
@@ -291,7 +348,7 @@ static int parse_spec(dctx_t *c, const msgpack_object *o, kiln_value_t *v)
 }
 
 static int parse_arg(dctx_t *c, const msgpack_object *o, uint32_t n_defined,
-		     kiln_arg_t *a, const char *what)
+		     kiln_arg_t *a, const wpath_t *wp)
 {
 	int64_t v;
 	switch (o->type) {
@@ -303,25 +360,24 @@ static int parse_arg(dctx_t *c, const msgpack_object *o, uint32_t n_defined,
 	case MSGPACK_OBJECT_POSITIVE_INTEGER:
 	case MSGPACK_OBJECT_NEGATIVE_INTEGER:
 		if (get_i64(o, &v) != 0)
-			return FAIL(c, KILN_EINVGRAPH,
-				    "%s: integer out of int64 range", what);
+			return wfail(c, KILN_EINVGRAPH, wp,
+				     ": integer out of int64 range");
 		a->kind = KILN_ARG_INT;
 		a->u.i = v;
 		return 0;
 	case MSGPACK_OBJECT_FLOAT32:
 	case MSGPACK_OBJECT_FLOAT64:
 		if (isnan(o->via.f64))
-			return FAIL(c, KILN_EINVGRAPH,
-				    "%s: NaN is not allowed as an argument",
-				    what);
+			return wfail(c, KILN_EINVGRAPH, wp,
+				     ": NaN is not allowed as an argument");
 		a->kind = KILN_ARG_FLOAT;
 		a->u.f = o->via.f64;
 		return 0;
 	case MSGPACK_OBJECT_STR:
 		if (o->via.str.size > c->lim->max_str_bytes)
-			return FAIL(c, KILN_EINVGRAPH,
-				    "%s: string longer than %u bytes", what,
-				    c->lim->max_str_bytes);
+			return wfail(c, KILN_EINVGRAPH, wp,
+				     ": string longer than %u bytes",
+				     c->lim->max_str_bytes);
 		a->kind = KILN_ARG_STR;
 		a->n = o->via.str.size;
 		a->u.s = kiln_arena_strndup(c->g->arena, o->via.str.ptr,
@@ -335,10 +391,9 @@ static int parse_arg(dctx_t *c, const msgpack_object *o, uint32_t n_defined,
 		if (a->u.list == NULL)
 			return -ENOMEM;
 		for (uint32_t i = 0; i < a->n; i++) {
-			char sub[64];
-			snprintf(sub, sizeof(sub), "%s[%u]", what, i);
+			wpath_t sub = {wp, NULL, (int32_t)i, 2};
 			int rc = parse_arg(c, &o->via.array.ptr[i], n_defined,
-					   &a->u.list[i], sub);
+					   &a->u.list[i], &sub);
 			if (rc != 0)
 				return rc;
 		}
@@ -349,31 +404,29 @@ static int parse_arg(dctx_t *c, const msgpack_object *o, uint32_t n_defined,
 		const msgpack_object *sym = kiln_map_get(o, "sym");
 		if (o->via.map.size == 1 && ref != NULL) {
 			if (get_i64(ref, &v) != 0 || v < 0)
-				return FAIL(c, KILN_EINVGRAPH,
-					    "%s: ref must be a non-negative "
-					    "int",
-					    what);
+				return wfail(c, KILN_EINVGRAPH, wp,
+					     ": ref must be a non-negative "
+					     "int");
 			if ((uint64_t)v >= n_defined)
-				return FAIL(c, KILN_EINVGRAPH,
-					    "%s: ref %lld is not defined "
-					    "before this node",
-					    what, (long long)v);
+				return wfail(c, KILN_EINVGRAPH, wp,
+					     ": ref %lld is not defined "
+					     "before this node",
+					     (long long)v);
 			a->kind = KILN_ARG_REF;
 			a->u.ref = (uint32_t)v;
 			return 0;
 		}
 		if (o->via.map.size == 1 && sym != NULL) {
 			a->kind = KILN_ARG_SYM;
-			return parse_expr_obj(c, sym, what, &a->u.sym);
+			return parse_expr_obj(c, sym, wp, &a->u.sym);
 		}
-		return FAIL(c, KILN_EINVGRAPH,
-			    "%s: a map argument must be {\"ref\": v} or "
-			    "{\"sym\": expr}",
-			    what);
+		return wfail(c, KILN_EINVGRAPH, wp,
+			     ": a map argument must be {\"ref\": v} or "
+			     "{\"sym\": expr}");
 	}
 	default:
-		return FAIL(c, KILN_EINVGRAPH, "%s: %s is not a valid argument",
-			    what, type_name(o));
+		return wfail(c, KILN_EINVGRAPH, wp,
+			     ": %s is not a valid argument", type_name(o));
 	}
 }
 
@@ -508,12 +561,14 @@ static int decode(dctx_t *c, const msgpack_object *m)
 	for (uint32_t i = 0; i < g->n_inputs; i++) {
 		const msgpack_object *in = &inputs->via.array.ptr[i];
 		kiln_value_t *v = &g->values[i];
-		snprintf(c->where, sizeof(c->where), "input %u", i);
+		c->loc = 1;
+		c->loc_i = i;
 		v->producer = -1;
 		const msgpack_object *sym = kiln_map_get(in, "sym");
 		if (sym != NULL) {
 			v->kind = KILN_VAL_SYMINT;
-			rc = parse_expr_obj(c, sym, "sym", &v->sym);
+			wpath_t wp = {NULL, "sym", 0, 0};
+			rc = parse_expr_obj(c, sym, &wp, &v->sym);
 		} else {
 			rc = parse_spec(c, in, v);
 		}
@@ -524,7 +579,9 @@ static int decode(dctx_t *c, const msgpack_object *m)
 	for (uint32_t i = 0; i < n_nodes; i++) {
 		const msgpack_object *no = &nodes->via.array.ptr[i];
 		kiln_node_t *nd = &g->nodes[i];
-		snprintf(c->where, sizeof(c->where), "node %u", i);
+		c->loc = 2;
+		c->loc_i = i;
+		c->loc_op = NULL;
 		if (no->type != MSGPACK_OBJECT_MAP)
 			return FAIL(c, KILN_EINVGRAPH, "node must be a map");
 		const msgpack_object *op = kiln_map_get(no, "op");
@@ -541,8 +598,7 @@ static int decode(dctx_t *c, const msgpack_object *m)
 					    op->via.str.size);
 		if (nd->op == NULL)
 			return -ENOMEM;
-		snprintf(c->where, sizeof(c->where), "node %u (%.60s)", i,
-			 nd->op);
+		c->loc_op = nd->op;
 		const msgpack_object *args = kiln_map_get(no, "args");
 		const msgpack_object *kwargs = kiln_map_get(no, "kwargs");
 		const msgpack_object *out = kiln_map_get(no, "out");
@@ -564,10 +620,9 @@ static int decode(dctx_t *c, const msgpack_object *m)
 			if (nd->args == NULL)
 				return -ENOMEM;
 			for (uint32_t k = 0; k < nd->n_args; k++) {
-				char what[32];
-				snprintf(what, sizeof(what), "arg %u", k);
+				wpath_t wp = {NULL, "arg", (int32_t)k, 1};
 				rc = parse_arg(c, &args->via.array.ptr[k], next,
-					       &nd->args[k], what);
+					       &nd->args[k], &wp);
 				if (rc != 0)
 					return rc;
 			}
@@ -595,11 +650,9 @@ static int decode(dctx_t *c, const msgpack_object *m)
 				    key->via.str.size);
 				if (nd->kwargs[k].key == NULL)
 					return -ENOMEM;
-				char what[160];
-				snprintf(what, sizeof(what), "kwarg \"%s\"",
-					 nd->kwargs[k].key);
+				wpath_t wp = {NULL, nd->kwargs[k].key, 0, 3};
 				rc = parse_arg(c, &kwargs->via.map.ptr[k].val,
-					       next, &nd->kwargs[k].val, what);
+					       next, &nd->kwargs[k].val, &wp);
 				if (rc != 0)
 					return rc;
 			}
@@ -617,12 +670,10 @@ static int decode(dctx_t *c, const msgpack_object *m)
 		for (uint32_t k = 0; k < nd->n_out; k++) {
 			kiln_value_t *v = &g->values[next + k];
 			v->producer = (int32_t)i;
-			char sub[sizeof(c->where)];
-			memcpy(sub, c->where, sizeof(sub));
-			snprintf(c->where, sizeof(c->where), "%.70s: out %u",
-				 sub, k);
+			c->loc = 3;
+			c->loc_k = k;
 			rc = parse_spec(c, &out->via.array.ptr[k], v);
-			memcpy(c->where, sub, sizeof(sub));
+			c->loc = 2;
 			if (rc != 0)
 				return rc;
 		}
@@ -637,15 +688,18 @@ static int decode(dctx_t *c, const msgpack_object *m)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < g->n_outputs; i++) {
 		const msgpack_object *o = &outputs->via.array.ptr[i];
-		snprintf(c->where, sizeof(c->where), "output %u", i);
+		c->loc = 4;
+		c->loc_i = i;
 		if (o->type != MSGPACK_OBJECT_MAP)
 			return FAIL(c, KILN_EINVGRAPH,
 				    "must be {\"ref\": v} or {\"sym\": expr}");
-		rc = parse_arg(c, o, g->n_values, &g->outputs[i], "output");
+		wpath_t wp = {NULL, "output", 0, 0};
+		rc = parse_arg(c, o, g->n_values, &g->outputs[i], &wp);
 		if (rc != 0)
 			return rc;
 	}
 	c->where[0] = '\0';
+	c->loc = 0;
 	return 0;
 }
 
@@ -874,19 +928,22 @@ int kiln__graph_parse_spec(kiln__dctx_t *c, const msgpack_object *o,
 int kiln__graph_parse_dim(kiln__dctx_t *c, const msgpack_object *o,
 			  const char *what, kiln_dim_t *out, bool nonneg)
 {
-	return parse_dimlike(c, o, what, out, nonneg);
+	wpath_t wp = {NULL, what, 0, 0};
+	return parse_dimlike(c, o, &wp, out, nonneg);
 }
 
 int kiln__graph_parse_expr(kiln__dctx_t *c, const msgpack_object *o,
 			   const char *what, const kiln_expr_t **out)
 {
-	return parse_expr_obj(c, o, what, out);
+	wpath_t wp = {NULL, what, 0, 0};
+	return parse_expr_obj(c, o, &wp, out);
 }
 
 int kiln__graph_parse_arg(kiln__dctx_t *c, const msgpack_object *o,
 			  uint32_t n_defined, kiln_arg_t *a, const char *what)
 {
-	return parse_arg(c, o, n_defined, a, what);
+	wpath_t wp = {NULL, what, 0, 0};
+	return parse_arg(c, o, n_defined, a, &wp);
 }
 
 int kiln__graph_pack_dim(const kiln_graph_t *g, msgpack_packer *pk,

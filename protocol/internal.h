@@ -41,6 +41,13 @@ typedef struct kiln__dctx {
 	char *err;
 	size_t errlen;
 	char where[96]; /* "node 12 (aten.add.Tensor)" etc. */
+	/* graph.c's location, kept as numbers and formatted only when an
+	 * error is reported (building strings on the success path cost 2/3
+	 * of decoding): 0 none (use where[]), 1 input i, 2 node i (op),
+	 * 3 node i (op): out k, 4 output i */
+	int loc;
+	uint32_t loc_i, loc_k;
+	const char *loc_op;
 } kiln__dctx_t;
 
 /* [A-Za-z_][A-Za-z0-9_]* */

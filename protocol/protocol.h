@@ -524,7 +524,6 @@ int kiln_target_from_object(const msgpack_object *o, kiln_target_t *t,
 int kiln_opts_from_object(const msgpack_object *o, kiln_compile_opts_t *opts,
 			  int *dynamic, char *err, size_t errlen);
 
-
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -553,16 +552,16 @@ typedef struct kiln_tensor {
  * artifact serves every size the symbol constraints allow.
  */
 typedef struct kiln_art_kernel {
-	const char *name; /* exported symbol in the code object */
+	const char *name;  /* exported symbol in the code object */
 	kiln_dim_t extent; /* parallel extent, in units */
-	int64_t grain;     /* minimum units per task (>= 1) */
+	int64_t grain;	   /* minimum units per task (>= 1) */
 	uint32_t n_bufs;   /* pointers the kernel takes in its bufs[] */
 } kiln_art_kernel_t;
 
 typedef enum {
-	KILN_BUF_INPUT,  /* graph input `index` (its data pointer) */
+	KILN_BUF_INPUT,	 /* graph input `index` (its data pointer) */
 	KILN_BUF_OUTPUT, /* output buffer `index`, allocated by the caller */
-	KILN_BUF_ARENA   /* bytes [offset, offset+bytes) of the scratch arena */
+	KILN_BUF_ARENA	 /* bytes [offset, offset+bytes) of the scratch arena */
 } kiln_buf_kind_t;
 
 typedef struct kiln_art_buffer {
@@ -612,7 +611,7 @@ typedef struct kiln_artifact {
 	kiln_arena_t *arena; /* owns everything below */
 	kiln_target_t target;
 	char signature[KILN_SIG_HEX]; /* "" when unknown */
-	const uint8_t *code;          /* ELF shared object (cpu) or PTX (cuda) */
+	const uint8_t *code; /* ELF shared object (cpu) or PTX (cuda) */
 	size_t code_len;
 	const uint8_t *cubin; /* optional, cuda */
 	size_t cubin_len;

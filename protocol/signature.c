@@ -23,138 +23,234 @@ typedef struct sigw {
 	EVP_MD_CTX *md;
 	int failed;
 	size_t len;
-	unsigned char buf[4096];
+	unsigned char buf[8192];
 	/* symbol renumbering */
 	int32_t *canon; /* graph symbol index -> canonical index or -1 */
 	uint32_t next_canon;
 	bool structure;
 } sigw_t;
 
-static int sig_write(void *data, const char *p, size_t n)
+/* The canonical bytes are msgpack in its shortest forms (exactly what
+ * msgpack-c's packer writes), produced by these small writers straight into
+ * a buffer that feeds the digest: one walk of the graph, no per-token
+ * callback. */
+static void cw_flush(sigw_t *w)
 {
-	sigw_t *w = data;
-	if (n >= sizeof(w->buf)) {
-		if (w->len > 0 && !EVP_DigestUpdate(w->md, w->buf, w->len))
-			w->failed = 1;
-		w->len = 0;
+	if (w->len > 0 && !EVP_DigestUpdate(w->md, w->buf, w->len))
+		w->failed = 1;
+	w->len = 0;
+}
+
+static inline uint8_t *cw_room(sigw_t *w, size_t n)
+{
+	if (w->len + n > sizeof(w->buf))
+		cw_flush(w);
+	return w->buf + w->len;
+}
+
+static inline void cw_raw(sigw_t *w, const void *p, size_t n)
+{
+	if (n > sizeof(w->buf) / 2) {
+		cw_flush(w);
 		if (!EVP_DigestUpdate(w->md, p, n))
 			w->failed = 1;
-		return 0;
+		return;
 	}
-	if (w->len + n > sizeof(w->buf)) {
-		if (!EVP_DigestUpdate(w->md, w->buf, w->len))
-			w->failed = 1;
-		w->len = 0;
-	}
-	memcpy(w->buf + w->len, p, n);
+	memcpy(cw_room(w, n), p, n);
 	w->len += n;
-	return 0;
 }
 
-static void pack_str(msgpack_packer *pk, const char *s)
+static inline void cw_be(uint8_t *b, uint64_t v, int n)
 {
-	msgpack_pack_str_with_body(pk, s, strlen(s));
+	for (int i = n - 1; i >= 0; i--, v >>= 8)
+		b[i] = (uint8_t)v;
 }
 
-static void canon_expr(sigw_t *w, msgpack_packer *pk, const kiln_expr_t *e)
+static inline void cw_tag(sigw_t *w, uint8_t tag, uint64_t v, int n)
+{
+	uint8_t *b = cw_room(w, 9);
+	b[0] = tag;
+	cw_be(b + 1, v, n);
+	w->len += 1 + (size_t)n;
+}
+
+static inline void cw_byte(sigw_t *w, uint8_t v)
+{
+	*cw_room(w, 1) = v;
+	w->len++;
+}
+
+static void cw_int64(sigw_t *w, int64_t d)
+{
+	if (d < -(1 << 5)) {
+		if (d < -(1 << 15)) {
+			if (d < -(1LL << 31))
+				cw_tag(w, 0xd3, (uint64_t)d, 8);
+			else
+				cw_tag(w, 0xd2, (uint64_t)(uint32_t)d, 4);
+		} else if (d < -(1 << 7)) {
+			cw_tag(w, 0xd1, (uint64_t)(uint16_t)d, 2);
+		} else {
+			cw_tag(w, 0xd0, (uint64_t)(uint8_t)d, 1);
+		}
+	} else if (d < (1 << 7)) {
+		cw_byte(w, (uint8_t)d);
+	} else if (d < (1 << 16)) {
+		if (d < (1 << 8))
+			cw_tag(w, 0xcc, (uint64_t)d, 1);
+		else
+			cw_tag(w, 0xcd, (uint64_t)d, 2);
+	} else if (d < (1LL << 32)) {
+		cw_tag(w, 0xce, (uint64_t)d, 4);
+	} else {
+		cw_tag(w, 0xcf, (uint64_t)d, 8);
+	}
+}
+
+static void cw_double(sigw_t *w, double d)
+{
+	uint64_t u;
+	memcpy(&u, &d, 8);
+	cw_tag(w, 0xcb, u, 8);
+}
+
+static void cw_array(sigw_t *w, uint32_t n)
+{
+	if (n < 16)
+		cw_byte(w, (uint8_t)(0x90 | n));
+	else if (n < 65536)
+		cw_tag(w, 0xdc, n, 2);
+	else
+		cw_tag(w, 0xdd, n, 4);
+}
+
+static void cw_map(sigw_t *w, uint32_t n)
+{
+	if (n < 16)
+		cw_byte(w, (uint8_t)(0x80 | n));
+	else if (n < 65536)
+		cw_tag(w, 0xde, n, 2);
+	else
+		cw_tag(w, 0xdf, n, 4);
+}
+
+static void cw_str(sigw_t *w, const char *s, size_t n)
+{
+	if (n < 32)
+		cw_byte(w, (uint8_t)(0xa0 | n));
+	else if (n < 256)
+		cw_tag(w, 0xd9, n, 1);
+	else if (n < 65536)
+		cw_tag(w, 0xda, n, 2);
+	else
+		cw_tag(w, 0xdb, n, 4);
+	cw_raw(w, s, n);
+}
+
+static void cw_cstr(sigw_t *w, const char *s)
+{
+	cw_str(w, s, strlen(s));
+}
+
+static void canon_expr(sigw_t *w, const kiln_expr_t *e)
 {
 	switch (e->kind) {
-	case KILN_EX_CONST: msgpack_pack_int64(pk, e->c); return;
+	case KILN_EX_CONST: cw_int64(w, e->c); return;
 	case KILN_EX_SYM:
 		if (w->canon[e->sym] < 0)
 			w->canon[e->sym] = (int32_t)w->next_canon++;
-		msgpack_pack_map(pk, 1);
-		pack_str(pk, "y");
-		msgpack_pack_int32(pk, w->canon[e->sym]);
+		cw_map(w, 1);
+		cw_cstr(w, "y");
+		cw_int64(w, w->canon[e->sym]);
 		return;
 	case KILN_EX_NEG:
-		msgpack_pack_array(pk, 2);
-		msgpack_pack_int32(pk, (int32_t)e->kind);
-		canon_expr(w, pk, e->a);
+		cw_array(w, 2);
+		cw_int64(w, (int32_t)e->kind);
+		canon_expr(w, e->a);
 		return;
 	default:
-		msgpack_pack_array(pk, 3);
-		msgpack_pack_int32(pk, (int32_t)e->kind);
-		canon_expr(w, pk, e->a);
-		canon_expr(w, pk, e->b);
+		cw_array(w, 3);
+		cw_int64(w, (int32_t)e->kind);
+		canon_expr(w, e->a);
+		canon_expr(w, e->b);
 		return;
 	}
 }
 
-static void canon_dim(sigw_t *w, msgpack_packer *pk, kiln_dim_t d)
+static void canon_dim(sigw_t *w, kiln_dim_t d)
 {
 	if (w->structure)
-		msgpack_pack_nil(pk);
+		cw_byte(w, 0xc0);
 	else if (d.e == NULL)
-		msgpack_pack_int64(pk, d.c);
+		cw_int64(w, d.c);
 	else
-		canon_expr(w, pk, d.e);
+		canon_expr(w, d.e);
 }
 
-static void canon_value(sigw_t *w, msgpack_packer *pk, const kiln_value_t *v)
+static void canon_value(sigw_t *w, const kiln_value_t *v)
 {
 	if (v->kind == KILN_VAL_SYMINT) {
-		msgpack_pack_array(pk, 2);
-		pack_str(pk, "symint");
+		cw_array(w, 2);
+		cw_cstr(w, "symint");
 		if (w->structure)
-			msgpack_pack_nil(pk);
+			cw_byte(w, 0xc0);
 		else
-			canon_expr(w, pk, v->sym);
+			canon_expr(w, v->sym);
 		return;
 	}
-	msgpack_pack_array(pk, 3);
-	pack_str(pk, kiln_dtype_name(v->dtype));
-	msgpack_pack_array(pk, v->rank);
+	cw_array(w, 3);
+	cw_cstr(w, kiln_dtype_name(v->dtype));
+	cw_array(w, v->rank);
 	for (uint32_t i = 0; i < v->rank; i++)
-		canon_dim(w, pk, v->sizes[i]);
-	msgpack_pack_array(pk, v->rank);
+		canon_dim(w, v->sizes[i]);
+	cw_array(w, v->rank);
 	for (uint32_t i = 0; i < v->rank; i++)
-		canon_dim(w, pk, v->strides[i]);
+		canon_dim(w, v->strides[i]);
 }
 
-static void canon_arg(sigw_t *w, msgpack_packer *pk, const kiln_arg_t *a)
+static void canon_arg(sigw_t *w, const kiln_arg_t *a)
 {
 	switch (a->kind) {
-	case KILN_ARG_NIL: msgpack_pack_nil(pk); return;
+	case KILN_ARG_NIL: cw_byte(w, 0xc0); return;
 	case KILN_ARG_BOOL:
 		if (a->u.b)
-			msgpack_pack_true(pk);
+			cw_byte(w, 0xc3);
 		else
-			msgpack_pack_false(pk);
+			cw_byte(w, 0xc2);
 		return;
 	case KILN_ARG_INT:
 		if (w->structure) {
-			msgpack_pack_map(pk, 1);
-			pack_str(pk, "i");
-			msgpack_pack_nil(pk);
+			cw_map(w, 1);
+			cw_cstr(w, "i");
+			cw_byte(w, 0xc0);
 		} else {
-			msgpack_pack_int64(pk, a->u.i);
+			cw_int64(w, a->u.i);
 		}
 		return;
 	case KILN_ARG_FLOAT: {
 		/* One encoding per value: -0.0 and 0.0 differ (torch keeps
 		 * the sign), f32 on the wire was widened exactly. */
-		msgpack_pack_double(pk, a->u.f);
+		cw_double(w, a->u.f);
 		return;
 	}
-	case KILN_ARG_STR: msgpack_pack_str_with_body(pk, a->u.s, a->n); return;
+	case KILN_ARG_STR: cw_str(w, a->u.s, a->n); return;
 	case KILN_ARG_LIST:
-		msgpack_pack_array(pk, a->n);
+		cw_array(w, a->n);
 		for (uint32_t i = 0; i < a->n; i++)
-			canon_arg(w, pk, &a->u.list[i]);
+			canon_arg(w, &a->u.list[i]);
 		return;
 	case KILN_ARG_REF:
-		msgpack_pack_map(pk, 1);
-		pack_str(pk, "r");
-		msgpack_pack_uint32(pk, a->u.ref);
+		cw_map(w, 1);
+		cw_cstr(w, "r");
+		cw_int64(w, a->u.ref);
 		return;
 	case KILN_ARG_SYM:
-		msgpack_pack_map(pk, 1);
-		pack_str(pk, "s");
+		cw_map(w, 1);
+		cw_cstr(w, "s");
 		if (w->structure)
-			msgpack_pack_nil(pk);
+			cw_byte(w, 0xc0);
 		else
-			canon_expr(w, pk, a->u.sym);
+			canon_expr(w, a->u.sym);
 		return;
 	}
 }
@@ -193,42 +289,40 @@ int kiln_signature(const kiln_graph_t *g, const kiln_target_t *target,
 	for (uint32_t i = 0; i < g->n_symbols; i++)
 		w->canon[i] = -1;
 
-	msgpack_packer pk;
-	msgpack_packer_init(&pk, w, sig_write);
-	msgpack_pack_array(&pk, 6);
-	pack_str(&pk, structure ? "kiln.struct/1" : "kiln.sig/1");
+	cw_array(w, 6);
+	cw_cstr(w, structure ? "kiln.struct/1" : "kiln.sig/1");
 
 	/* graph: [inputs, nodes, outputs, symbols] */
-	msgpack_pack_array(&pk, 4);
-	msgpack_pack_array(&pk, g->n_inputs);
+	cw_array(w, 4);
+	cw_array(w, g->n_inputs);
 	for (uint32_t i = 0; i < g->n_inputs; i++)
-		canon_value(w, &pk, &g->values[i]);
-	msgpack_pack_array(&pk, g->n_nodes);
+		canon_value(w, &g->values[i]);
+	cw_array(w, g->n_nodes);
 	for (uint32_t i = 0; i < g->n_nodes; i++) {
 		const kiln_node_t *n = &g->nodes[i];
-		msgpack_pack_array(&pk, 4);
-		pack_str(&pk, n->op);
-		msgpack_pack_array(&pk, n->n_args);
+		cw_array(w, 4);
+		cw_cstr(w, n->op);
+		cw_array(w, n->n_args);
 		for (uint32_t k = 0; k < n->n_args; k++)
-			canon_arg(w, &pk, &n->args[k]);
-		msgpack_pack_array(&pk, n->n_kwargs);
+			canon_arg(w, &n->args[k]);
+		cw_array(w, n->n_kwargs);
 		for (uint32_t k = 0; k < n->n_kwargs; k++) {
-			msgpack_pack_array(&pk, 2);
-			pack_str(&pk, n->kwargs[k].key);
-			canon_arg(w, &pk, &n->kwargs[k].val);
+			cw_array(w, 2);
+			cw_cstr(w, n->kwargs[k].key);
+			canon_arg(w, &n->kwargs[k].val);
 		}
-		msgpack_pack_array(&pk, n->n_out);
+		cw_array(w, n->n_out);
 		for (uint32_t k = 0; k < n->n_out; k++)
-			canon_value(w, &pk, &g->values[n->out_first + k]);
+			canon_value(w, &g->values[n->out_first + k]);
 	}
-	msgpack_pack_array(&pk, g->n_outputs);
+	cw_array(w, g->n_outputs);
 	for (uint32_t i = 0; i < g->n_outputs; i++)
-		canon_arg(w, &pk, &g->outputs[i]);
+		canon_arg(w, &g->outputs[i]);
 
 	/* symbols: used ones in order of first use, then unused ones sorted
 	 * by their bounds (names never enter). Erased in the structure hash. */
 	if (structure) {
-		msgpack_pack_array(&pk, 0);
+		cw_array(w, 0);
 	} else {
 		const kiln_symbol_t **order =
 		    calloc(g->n_symbols ? g->n_symbols : 1, sizeof(*order));
@@ -246,27 +340,27 @@ int kiln_signature(const kiln_graph_t *g, const kiln_target_t *target,
 				order[n_used + n_unused++] = &g->symbols[i];
 		}
 		qsort(order + n_used, n_unused, sizeof(*order), sym_cmp);
-		msgpack_pack_array(&pk, g->n_symbols);
+		cw_array(w, g->n_symbols);
 		for (uint32_t i = 0; i < g->n_symbols; i++) {
-			msgpack_pack_array(&pk, 2);
-			msgpack_pack_int64(&pk, order[i]->min);
+			cw_array(w, 2);
+			cw_int64(w, order[i]->min);
 			if (order[i]->max >= 0)
-				msgpack_pack_int64(&pk, order[i]->max);
+				cw_int64(w, order[i]->max);
 			else
-				msgpack_pack_nil(&pk);
+				cw_byte(w, 0xc0);
 		}
 		free(order);
 	}
 
 	/* target, options, fingerprint */
-	msgpack_pack_array(&pk, 3);
-	pack_str(&pk, target != NULL ? target->backend : "");
-	pack_str(&pk, target != NULL ? target->arch : "");
-	pack_str(&pk, target != NULL ? target->features : "");
-	msgpack_pack_array(&pk, 1);
-	pack_str(&pk, opts != NULL && opts->mode[0] ? opts->mode : "default");
-	pack_str(&pk, fingerprint != NULL ? fingerprint : "");
-	msgpack_pack_uint32(&pk, KILN_PROTOCOL_VERSION);
+	cw_array(w, 3);
+	cw_cstr(w, target != NULL ? target->backend : "");
+	cw_cstr(w, target != NULL ? target->arch : "");
+	cw_cstr(w, target != NULL ? target->features : "");
+	cw_array(w, 1);
+	cw_cstr(w, opts != NULL && opts->mode[0] ? opts->mode : "default");
+	cw_cstr(w, fingerprint != NULL ? fingerprint : "");
+	cw_int64(w, KILN_PROTOCOL_VERSION);
 
 	unsigned int olen = 0;
 	if (w->len > 0 && !EVP_DigestUpdate(w->md, w->buf, w->len))

@@ -347,20 +347,20 @@ Test(validate, rank_limit)
 Test(validate, negative_size)
 {
 	graph_err(GI("{'dtype': 'f32', 'shape': [2, -3]}"), NULL, INV,
-		  "input 0", "negative size 1 -3");
+		  "input 0", "size 1 is negative (-3)");
 	graph_err(GI("{'dtype': 'f32', 'shape': [i64(-1)]}"), NULL, INV,
-		  "negative size 0 -1", NULL);
+		  "size 0 is negative (-1)", NULL);
 	/* An expression that folds to a negative constant. */
 	graph_err(GI("{'dtype': 'f32', 'shape': ['2 - 5']}"), NULL, INV,
-		  "negative size 0 -3", NULL);
+		  "size 0 is negative (-3)", NULL);
 }
 
 Test(validate, negative_stride)
 {
 	graph_err(GI("{'dtype': 'f32', 'shape': [2, 3], 'strides': [-3, 1]}"),
-		  NULL, INV, "input 0", "negative stride 0 -3");
+		  NULL, INV, "input 0", "stride 0 is negative (-3)");
 	graph_err(GI("{'dtype': 'f32', 'shape': [2, 3], 'strides': [3, '-1']}"),
-		  NULL, INV, "negative stride 1 -1", NULL);
+		  NULL, INV, "stride 1 is negative (-1)", NULL);
 }
 
 Test(validate, size_or_stride_of_the_wrong_type)

@@ -35,6 +35,7 @@ typedef struct gen {
 	LLVMValueRef var[CIR_MAX_RANK]; /* i64 values of the kernel vars */
 	int vvar;			/* the vectorized var, or -1 */
 	int W;				/* current width (1: scalar) */
+	int slot; /* reduction accumulator in use */
 	cgmemo_t memo;
 	/* per member: its value for the current point (full members in the
 	 * current iteration; row/reduce members for the current unit) */
@@ -42,6 +43,10 @@ typedef struct gen {
 	int *mval_width;
 	int32_t cur_pass;
 	bool in_loop;
+	/* per-row scratch buffers (row-local members): cbuf → alloca */
+	uint32_t n_scratch;
+	uint32_t scratch_buf[16];
+	LLVMValueRef scratch[16];
 	/* zero page for masked scalar loads */
 	LLVMValueRef zero_page;
 	bool use_libmvec;

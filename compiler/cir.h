@@ -115,6 +115,8 @@ typedef struct cbuf {
 	int32_t kernel;	    /* kernel computing it (TEMP) */
 	int32_t last_use;   /* last kernel that reads it from memory */
 	bool in_memory;	    /* must be stored */
+	bool ext_read;  /* read outside its kernel (or by a fallback) */
+	bool row_local; /* lives in a per-row scratch of its kernel */
 	bool is_output;	    /* backs a graph output: an OUTPUT buffer */
 	int32_t out_index;  /* OUTPUT buffer number */
 	int32_t art_buf;    /* artifact buffer id */

@@ -376,6 +376,33 @@ static LLVMValueRef buf_ptr(gen_t *g, uint32_t buf)
 }
 
 static LLVMValueRef emit_sx(gen_t *g, const sx_t *e);
+static const kiln_expr_t *reduce_linear(gen_t *g);
+static LLVMValueRef entry_alloca(gen_t *g, LLVMTypeRef t);
+
+/* The per-row scratch of a row-local buffer (allocated once per kernel). */
+static LLVMValueRef scratch_ptr(gen_t *g, uint32_t buf)
+{
+	for (uint32_t i = 0; i < g->n_scratch; i++)
+		if (g->scratch_buf[i] == buf)
+			return g->scratch[i];
+	if (g->n_scratch == 16)
+		return NULL;
+	int64_t r = 1;
+	for (uint32_t d = 0; d < g->k->frank; d++)
+		if (g->k->rmask >> d & 1)
+			r *= g->k->fsizes[d].c;
+	const cbuf_t *b = &g->c->bufs[buf];
+	LLVMTypeRef at = LLVMArrayType(cg_scalar_type(g, compute_dtype(b->dtype) ==
+							    KILN_DT_BOOL
+							? KILN_DT_I8
+							: compute_dtype(b->dtype)),
+				       (unsigned)r);
+	LLVMValueRef a = entry_alloca(g, at);
+	LLVMSetAlignment(a, 64);
+	g->scratch_buf[g->n_scratch] = buf;
+	g->scratch[g->n_scratch++] = a;
+	return a;
+}
 
 static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 {
@@ -398,6 +425,22 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 				return cg_splat(g, v, w);
 			break;
 		}
+	}
+	if (b->row_local) {
+		/* computed in an earlier pass of this row: from the scratch,
+		 * in the compute dtype, at the reduce position */
+		kiln_dtype_t cdt = compute_dtype(b->dtype);
+		LLVMTypeRef et = cg_scalar_type(g, cdt == KILN_DT_BOOL ? KILN_DT_I8
+								       : cdt);
+		LLVMValueRef p = LLVMBuildGEP2(
+		    g->b, et, scratch_ptr(g, e->buf),
+		    (LLVMValueRef[]){emit_ix(g, reduce_linear(g))}, 1, "");
+		LLVMValueRef v = LLVMBuildLoad2(
+		    g->b, w > 1 ? LLVMVectorType(et, (unsigned)w) : et, p, "");
+		LLVMSetAlignment(v, (unsigned)kiln_dtype_size(cdt));
+		if (cdt == KILN_DT_BOOL)
+			v = LLVMBuildTrunc(g->b, v, cg_type(g, KILN_DT_BOOL, w), "");
+		return v;
 	}
 	LLVMValueRef base = buf_ptr(g, e->buf);
 	kiln_dtype_t dt = b->dtype;
@@ -859,8 +902,11 @@ static void loop_end(gen_t *g, loop_t *L)
 
 /* ---- reductions ---------------------------------------------------------- */
 
+#define RED_UNROLL 4 /* independent accumulators in vector reduce loops */
+
 typedef struct racc {
 	LLVMValueRef v, i;   /* allocas: value and index accumulators */
+	LLVMValueRef uv[RED_UNROLL], ui[RED_UNROLL]; /* uv[0] = v */
 	LLVMValueRef sv, si; /* scalar (tail) accumulators */
 	int w;		     /* width of v/i */
 	kiln_dtype_t dt;     /* compute dtype */
@@ -958,14 +1004,22 @@ static void racc_init(gen_t *g, racc_t *r, red_op_t op, kiln_dtype_t dt, int w)
 	r->dt = dt;
 	r->w = w;
 	bool arg = op == RED_ARGMAX || op == RED_ARGMIN;
-	r->v = entry_alloca(g, cg_type(g, dt, w));
-	LLVMBuildStore(g->b, red_identity(g, op, dt, w), r->v);
+	for (int u = 0; u < RED_UNROLL; u++) {
+		r->uv[u] = entry_alloca(g, cg_type(g, dt, w));
+		LLVMBuildStore(g->b, red_identity(g, op, dt, w), r->uv[u]);
+		r->ui[u] = NULL;
+	}
+	r->v = r->uv[0];
 	r->sv = entry_alloca(g, cg_type(g, dt, 1));
 	LLVMBuildStore(g->b, red_identity(g, op, dt, 1), r->sv);
 	r->i = r->si = NULL;
 	if (arg) {
-		r->i = entry_alloca(g, cg_type(g, KILN_DT_I64, w));
-		LLVMBuildStore(g->b, cg_const_i(g, 0, KILN_DT_I64, w), r->i);
+		for (int u = 0; u < RED_UNROLL; u++) {
+			r->ui[u] = entry_alloca(g, cg_type(g, KILN_DT_I64, w));
+			LLVMBuildStore(g->b, cg_const_i(g, 0, KILN_DT_I64, w),
+				       r->ui[u]);
+		}
+		r->i = r->ui[0];
 		r->si = entry_alloca(g, g->i64);
 		LLVMBuildStore(g->b, LLVMConstInt(g->i64, 0, 0), r->si);
 	}
@@ -976,8 +1030,8 @@ static void racc_init(gen_t *g, racc_t *r, red_op_t op, kiln_dtype_t dt, int w)
 static void racc_update(gen_t *g, racc_t *r, LLVMValueRef x, LLVMValueRef ridx,
 			int w)
 {
-	LLVMValueRef av = w == r->w ? r->v : r->sv;
-	LLVMValueRef ai = w == r->w ? r->i : r->si;
+	LLVMValueRef av = w == r->w ? r->uv[g->slot] : r->sv;
+	LLVMValueRef ai = w == r->w ? r->ui[g->slot] : r->si;
 	LLVMTypeRef t = cg_type(g, r->dt, w);
 	LLVMValueRef acc = LLVMBuildLoad2(g->b, t, av, "");
 	if (r->op == RED_ARGMAX || r->op == RED_ARGMIN) {
@@ -993,6 +1047,40 @@ static void racc_update(gen_t *g, racc_t *r, LLVMValueRef x, LLVMValueRef ridx,
 	LLVMBuildStore(g->b, red_combine(g, r->op, r->dt, acc, x), av);
 }
 
+/* Folds accumulator slot b into slot a (vectors, fixed order). */
+static void racc_merge(gen_t *g, racc_t *r, int a, int b)
+{
+	LLVMTypeRef t = cg_type(g, r->dt, r->w);
+	LLVMValueRef va = LLVMBuildLoad2(g->b, t, r->uv[a], "");
+	LLVMValueRef vb = LLVMBuildLoad2(g->b, t, r->uv[b], "");
+	if (r->op != RED_ARGMAX && r->op != RED_ARGMIN) {
+		LLVMBuildStore(g->b, red_combine(g, r->op, r->dt, va, vb),
+			       r->uv[a]);
+		return;
+	}
+	LLVMTypeRef it = cg_type(g, KILN_DT_I64, r->w);
+	LLVMValueRef ia = LLVMBuildLoad2(g->b, it, r->ui[a], "");
+	LLVMValueRef ib = LLVMBuildLoad2(g->b, it, r->ui[b], "");
+	LLVMValueRef take = arg_take(g, r->op, r->dt, vb, va);
+	LLVMValueRef eq =
+	    kiln_dtype_is_float(r->dt)
+		? LLVMBuildOr(
+		      g->b, LLVMBuildFCmp(g->b, LLVMRealOEQ, va, vb, ""),
+		      LLVMBuildAnd(g->b,
+				   LLVMBuildFCmp(g->b, LLVMRealUNO, va, va, ""),
+				   LLVMBuildFCmp(g->b, LLVMRealUNO, vb, vb, ""),
+				   ""),
+		      "")
+		: LLVMBuildICmp(g->b, LLVMIntEQ, va, vb, "");
+	take = LLVMBuildOr(
+	    g->b, take,
+	    LLVMBuildAnd(g->b, eq, LLVMBuildICmp(g->b, LLVMIntSLT, ib, ia, ""),
+			 ""),
+	    "");
+	LLVMBuildStore(g->b, LLVMBuildSelect(g->b, take, vb, va, ""), r->uv[a]);
+	LLVMBuildStore(g->b, LLVMBuildSelect(g->b, take, ib, ia, ""), r->ui[a]);
+}
+
 /* Combines the lanes of the vector accumulator and the scalar tail
  * accumulator into one scalar (inner-vectorized rows). Pairwise, so the
  * order is fixed. */
@@ -1001,6 +1089,11 @@ static void racc_final_scalar(gen_t *g, racc_t *r, LLVMValueRef *val,
 {
 	int w = r->w;
 	LLVMValueRef vals[64], ids[64];
+	if (w > 1) {
+		racc_merge(g, r, 0, 1);
+		racc_merge(g, r, 2, 3);
+		racc_merge(g, r, 0, 2);
+	}
 	LLVMValueRef vv = LLVMBuildLoad2(g->b, cg_type(g, r->dt, w), r->v, "");
 	LLVMValueRef vi =
 	    r->i ? LLVMBuildLoad2(g->b, cg_type(g, KILN_DT_I64, w), r->i, "")
@@ -1120,8 +1213,26 @@ static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 		if (m->role == ROLE_FULL) {
 			g->mval[i] = v;
 			g->mval_width[i] = w;
-			if (stored(g, i))
+			const cbuf_t *mb = &g->c->bufs[mnode(g, i)->buf];
+			if (mb->row_local) {
+				kiln_dtype_t cdt = compute_dtype(mb->dtype);
+				LLVMValueRef sv =
+				    cdt == KILN_DT_BOOL
+					? LLVMBuildZExt(g->b, v,
+							cg_type(g, KILN_DT_I8, w),
+							"")
+					: v;
+				LLVMTypeRef et = cg_scalar_type(
+				    g, cdt == KILN_DT_BOOL ? KILN_DT_I8 : cdt);
+				LLVMValueRef p = LLVMBuildGEP2(
+				    g->b, et, scratch_ptr(g, mnode(g, i)->buf),
+				    (LLVMValueRef[]){emit_ix(g, reduce_linear(g))},
+				    1, "");
+				LLVMValueRef st = LLVMBuildStore(g->b, sv, p);
+				LLVMSetAlignment(st, (unsigned)kiln_dtype_size(cdt));
+			} else if (stored(g, i)) {
 				emit_store(g, mnode(g, i)->buf, m->sidx, v, w);
+			}
 			continue;
 		}
 		const cnode_t *n = mnode(g, i);
@@ -1159,6 +1270,25 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 	LLVMValueRef H =
 	    last && hi ? hi : emit_ix(g, ix_dim(g->c, g->k->fsizes[d]));
 	if (last && vec && w > 1) {
+		if (acc != NULL) {
+			/* reductions: RED_UNROLL independent accumulators, so
+			 * the loop is not one long dependency chain */
+			loop_t U;
+			loop_begin(g, &U, L0, H, (int64_t)w * RED_UNROLL);
+			for (int u = 0; u < RED_UNROLL; u++) {
+				memo_clear(g);
+				g->slot = u;
+				g->var[d] = LLVMBuildAdd(
+				    g->b, U.i,
+				    LLVMConstInt(g->i64, (uint64_t)(u * w), 0),
+				    "");
+				gen_loops(g, dims, nd, at + 1, p, acc, w, vec, lo,
+					  hi);
+			}
+			g->slot = 0;
+			loop_end(g, &U);
+			L0 = LLVMBuildLoad2(g->b, g->i64, U.iv, "");
+		}
 		loop_t L;
 		loop_begin(g, &L, L0, H, w);
 		g->var[d] = L.i;
@@ -1461,7 +1591,8 @@ struct argscan {
 
 static void add_arg(gen_t *g, uint32_t buf)
 {
-	if (arg_index(g, buf) >= 0 || g->n_args >= CG_MAX_ARGS)
+	if (arg_index(g, buf) >= 0 || g->n_args >= CG_MAX_ARGS ||
+	    g->c->bufs[buf].row_local)
 		return;
 	g->args[g->n_args++] = buf;
 }
@@ -1477,6 +1608,7 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	cctx_t *c = g->c;
 	g->k = k;
 	g->n_args = 0;
+	g->n_scratch = 0;
 	memset(g->sym_val, 0, sizeof(g->sym_val));
 	/* arguments: stored members first, then everything loaded */
 	for (uint32_t i = 0; i < k->n_members; i++) {

@@ -71,12 +71,20 @@ int low_softmax(cctx_t *c, lnode_t *n)
 	lt_t *s;
 	if (e == NULL)
 		return -ENOMEM;
+	if (n->param == 0) {
+		/* exp(x - max) is needed twice: computed once, kept in a
+		 * per-row scratch by the scheduler (or memory) */
+		rc = lt_realize(c, e, (int32_t)n->index, &e);
+		if (rc != 0)
+			return rc;
+	}
 	rc = lred(n, e, mask, true, RED_SUM, acc, &s);
 	if (rc != 0)
 		return rc;
 	const sx_t *sb = lt_bcast_body(c, s, x->rank, x->sizes);
 	const sx_t *out = n->param == 0
-			      ? sx_bin(c, OP_DIV, e->body, sb)
+			      ? sx_bin(c, OP_MUL, lt_body(c, e),
+				       sx_un(c, OP_RECIP, sb))
 			      : sx_bin(c, OP_SUB, sh, sx_un(c, OP_LOG, sb));
 	return lset(n, 0, lt_fn(c, odt, x->rank, x->sizes, out));
 }

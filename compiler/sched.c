@@ -361,6 +361,7 @@ static void mark_mem(void *arg, const sx_t *ld)
 		return;
 	if (b->kernel != s->kernel) {
 		b->in_memory = true;
+		b->ext_read = true;
 		if (s->kernel > b->last_use)
 			b->last_use = s->kernel;
 		return;
@@ -384,6 +385,41 @@ static void mark_fb_arg(cctx_t *c, const kiln_arg_t *a, int32_t kernel)
 	    !c->vals[a->u.ref]->is_buf)
 		return;
 	sched_mark_fallback_input(c, c->vals[a->u.ref]->buf, kernel);
+}
+
+/* A full member of an inner-vectorized row kernel that only later passes
+ * of the same kernel read (softmax's exp(x - max)) lives in a per-row
+ * scratch instead of memory: one transcendental per element, no extra
+ * memory traffic. Static rows of at most ROW_LOCAL_MAX elements. */
+#define ROW_LOCAL_MAX 16384
+
+static void mark_row_local(cctx_t *c)
+{
+	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
+		kernel_t *k = &c->kernels[ki];
+		uint32_t f = k->frank;
+		if (k->is_fallback || !k->is_row || f == 0 ||
+		    !(k->rmask >> (f - 1) & 1))
+			continue;
+		int64_t r = 1;
+		bool stat = true;
+		for (uint32_t d = 0; d < f; d++)
+			if (k->rmask >> d & 1) {
+				stat = stat && k->fsizes[d].e == NULL;
+				r *= k->fsizes[d].c;
+			}
+		if (!stat || r > ROW_LOCAL_MAX || r == 0)
+			continue;
+		for (uint32_t i = 0; i < k->n_members; i++) {
+			const kmember_t *m = &k->members[i];
+			cbuf_t *b = &c->bufs[c->nodes[m->node].buf];
+			if (m->role != ROLE_FULL || !b->in_memory || b->ext_read ||
+			    b->is_output)
+				continue;
+			b->row_local = true;
+			b->in_memory = false;
+		}
+	}
 }
 
 int sched_graph(cctx_t *c)
@@ -461,6 +497,7 @@ int sched_graph(cctx_t *c)
 	for (uint32_t b = 0; b < c->n_bufs; b++)
 		if (c->bufs[b].is_output)
 			c->bufs[b].in_memory = true;
+	mark_row_local(c);
 	return 0;
 }
 
@@ -472,6 +509,7 @@ void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel)
 	if (b->kind != CB_TEMP)
 		return;
 	b->in_memory = true;
+	b->ext_read = true;
 	if (kernel > b->last_use)
 		b->last_use = kernel;
 }
@@ -565,6 +603,7 @@ char *sched_report(cctx_t *c)
 				  m->pass, n->buf, kiln_dtype_name(b->dtype),
 				  b->is_output	 ? " (output)"
 				  : b->in_memory ? " (stored)"
+				  : b->row_local ? " (row scratch)"
 						 : " (register)",
 				  n->node, op);
 		}

@@ -334,6 +334,8 @@ typedef int (*lower_fn_t)(cctx_t *c, lnode_t *n);
 
 int sched_graph(cctx_t *c);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);
+/* The lowered program: compute nodes and their bodies (kilnc --emit=ir). */
+char *sched_ir(cctx_t *c);
 /* Human-readable fusion report (kilnc --emit=kernels). */
 char *sched_report(cctx_t *c);
 

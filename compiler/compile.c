@@ -663,8 +663,8 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		else
 			st->n_kernels++;
 	}
-	if (emit == KILN_EMIT_KERNELS) {
-		*text = sched_report(&c);
+	if (emit == KILN_EMIT_KERNELS || emit == KILN_EMIT_IR) {
+		*text = emit == KILN_EMIT_IR ? sched_ir(&c) : sched_report(&c);
 		cctx_free(&c);
 		return *text ? 0 : -ENOMEM;
 	}

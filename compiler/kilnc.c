@@ -328,10 +328,10 @@ int main(int argc, char **argv)
 		} else if (strncmp(a, "--emit=", 7) == 0) {
 			emit = a + 7;
 			static const char *const ok[] = {
-			    "summary",	"graph", "kernels", "llvm",
-			    "llvm-raw", "asm",	 "artifact"};
+			    "summary", "graph", "ir",  "kernels",
+			    "llvm-raw", "llvm", "asm", "artifact"};
 			bool found = false;
-			for (size_t k = 0; k < 7; k++)
+			for (size_t k = 0; k < 8; k++)
 				found = found || strcmp(emit, ok[k]) == 0;
 			if (!found) {
 				fprintf(stderr, "kilnc: unknown --emit=%s\n",
@@ -497,7 +497,8 @@ int main(int argc, char **argv)
 		}
 		status = rc != 0;
 	} else if (runio == NULL && !bench) {
-		int what = strcmp(emit, "kernels") == 0	   ? KILN_EMIT_KERNELS
+		int what = strcmp(emit, "ir") == 0	   ? KILN_EMIT_IR
+			   : strcmp(emit, "kernels") == 0  ? KILN_EMIT_KERNELS
 			   : strcmp(emit, "llvm-raw") == 0 ? KILN_EMIT_LLVM_RAW
 			   : strcmp(emit, "llvm") == 0	   ? KILN_EMIT_LLVM
 							   : KILN_EMIT_ASM;

@@ -612,3 +612,102 @@ char *sched_report(cctx_t *c)
 		return NULL;
 	return s.p;
 }
+
+/* ---- the lowered program (kilnc --emit=ir) ---------------------------- */
+
+static void sb_expr(cctx_t *c, sbuf_t *s, const kiln_expr_t *e)
+{
+	char buf[256];
+	kiln_expr_format(c->g, e, buf, sizeof(buf));
+	sb_printf(s, "%s", buf);
+}
+
+static void sb_sx(cctx_t *c, sbuf_t *s, const sx_t *e, int depth)
+{
+	if (depth > 40) {
+		sb_printf(s, "...");
+		return;
+	}
+	switch ((sx_kind_t)e->kind) {
+	case SX_CONST:
+		if (kiln_dtype_is_float((kiln_dtype_t)e->dt))
+			sb_printf(s, "%.9g", e->k.f);
+		else
+			sb_printf(s, "%lld", (long long)e->k.i);
+		return;
+	case SX_LOAD:
+		sb_printf(s, "buf%u[", e->buf);
+		sb_expr(c, s, e->idx);
+		if (e->b != NULL) {
+			sb_printf(s, " + ");
+			sb_sx(c, s, e->b, depth + 1);
+		}
+		sb_printf(s, "]");
+		if (e->a != NULL) {
+			sb_printf(s, " if ");
+			sb_sx(c, s, e->a, depth + 1);
+		}
+		return;
+	case SX_INDEX:
+		sb_printf(s, "index(");
+		sb_expr(c, s, e->idx);
+		sb_printf(s, ")");
+		return;
+	case SX_UN:
+		sb_printf(s, "%s(", sx_op_name((sx_op_t)e->op));
+		sb_sx(c, s, e->a, depth + 1);
+		sb_printf(s, ")");
+		return;
+	case SX_BIN:
+		sb_printf(s, "%s(", sx_op_name((sx_op_t)e->op));
+		sb_sx(c, s, e->a, depth + 1);
+		sb_printf(s, ", ");
+		sb_sx(c, s, e->b, depth + 1);
+		sb_printf(s, ")");
+		return;
+	case SX_WHERE:
+		sb_printf(s, "where(");
+		sb_sx(c, s, e->a, depth + 1);
+		sb_printf(s, ", ");
+		sb_sx(c, s, e->b, depth + 1);
+		sb_printf(s, ", ");
+		sb_sx(c, s, e->c, depth + 1);
+		sb_printf(s, ")");
+		return;
+	case SX_CAST:
+		sb_printf(s, "%s(", kiln_dtype_name(e->op ? (kiln_dtype_t)e->op
+							 : (kiln_dtype_t)e->dt));
+		sb_sx(c, s, e->a, depth + 1);
+		sb_printf(s, ")");
+		return;
+	}
+}
+
+char *sched_ir(cctx_t *c)
+{
+	sbuf_t s = {NULL, 0, 0};
+	sb_printf(&s, "; compute nodes (i0.. index the node's space; * marks "
+		      "reduced dims)\n");
+	for (uint32_t i = 0; i < c->n_nodes; i++) {
+		const cnode_t *n = &c->nodes[i];
+		const cbuf_t *b = &c->bufs[n->buf];
+		const char *op = n->node >= 0 ? c->g->nodes[n->node].op : "output";
+		if (n->fallback) {
+			sb_printf(&s, "%%%u = fallback %s  ; node %d\n", i, op,
+				  n->node);
+			continue;
+		}
+		sb_printf(&s, "buf%u: %s ", n->buf, kiln_dtype_name(b->dtype));
+		sb_dims(c, &s, b->rank, b->sizes, 0);
+		if (n->red != RED_NONE) {
+			sb_printf(&s, " = %s over ", red_names[n->red]);
+			sb_dims(c, &s, n->frank, n->fsizes, n->rmask);
+			sb_printf(&s, " of ");
+		} else {
+			sb_printf(&s, " = ");
+		}
+		sb_sx(c, &s, n->body, 0);
+		sb_printf(&s, "  ; node %d %s\n", n->node, op);
+	}
+	return s.p;
+}

@@ -32,10 +32,10 @@ typedef struct gen {
 	LLVMValueRef syms; /* ptr to int64 symbol values */
 	LLVMValueRef sym_val[64];
 	/* current loop state */
-	LLVMValueRef var[CIR_MAX_RANK]; /* i64 values of the kernel vars */
+	LLVMValueRef var[CIR_MAX_VARS]; /* i64 values of the kernel vars */
 	int vvar;			/* the vectorized var, or -1 */
 	int W;				/* current width (1: scalar) */
-	int slot; /* reduction accumulator in use */
+	int slot;			/* reduction accumulator in use */
 	cgmemo_t memo;
 	/* per member: its value for the current point (full members in the
 	 * current iteration; row/reduce members for the current unit) */

@@ -298,6 +298,10 @@ static LLVMValueRef emit_ix_w(gen_t *g, const kiln_expr_t *e, int w)
 /* ---- loads and stores -------------------------------------------------------
  */
 
+static const kiln_expr_t *lane_form(gen_t *g, const kiln_expr_t *e, int w,
+				    int64_t *coef);
+static LLVMValueRef emit_lane0(gen_t *g, const kiln_expr_t *e2, int w);
+
 static int arg_index(gen_t *g, uint32_t buf)
 {
 	for (uint32_t i = 0; i < g->n_args; i++)
@@ -392,16 +396,60 @@ static LLVMValueRef scratch_ptr(gen_t *g, uint32_t buf)
 		if (g->k->rmask >> d & 1)
 			r *= g->k->fsizes[d].c;
 	const cbuf_t *b = &g->c->bufs[buf];
-	LLVMTypeRef at = LLVMArrayType(cg_scalar_type(g, compute_dtype(b->dtype) ==
-							    KILN_DT_BOOL
-							? KILN_DT_I8
-							: compute_dtype(b->dtype)),
-				       (unsigned)r);
+	LLVMTypeRef at = LLVMArrayType(
+	    cg_scalar_type(g, compute_dtype(b->dtype) == KILN_DT_BOOL
+				  ? KILN_DT_I8
+				  : compute_dtype(b->dtype)),
+	    (unsigned)r);
 	LLVMValueRef a = entry_alloca(g, at);
 	LLVMSetAlignment(a, 64);
 	g->scratch_buf[g->n_scratch] = buf;
 	g->scratch[g->n_scratch++] = a;
 	return a;
+}
+
+/* In vector code the vectorized var's base is a multiple of W, so
+ * v = W*T + L with lane L in [0, W). An index that is not affine in v (a
+ * reshape's v//16, v%16) is often affine in L: then it is a vector access
+ * after all. Returns the index in terms of T and L, or NULL. */
+#define VAR_T (CIR_MAX_VARS - 2)
+#define VAR_L (CIR_MAX_VARS - 1)
+
+static const kiln_expr_t *lane_form(gen_t *g, const kiln_expr_t *e, int w,
+				    int64_t *coef)
+{
+	cctx_t *c = g->c;
+	if (g->vvar < 0 || w <= 1)
+		return NULL;
+	bool kt = c->var_known[VAR_T], kl = c->var_known[VAR_L];
+	kiln_dim_t sl = c->var_size[VAR_L];
+	c->var_known[VAR_T] = false;
+	c->var_known[VAR_L] = true;
+	c->var_size[VAR_L] = dim_const(w);
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (int k = 0; k < CIR_MAX_RANK; k++)
+		map[k] = NULL;
+	map[g->vvar] = ix_add(c, ix_mul(c, ix_const(c, w), ix_var(c, VAR_T)),
+			      ix_var(c, VAR_L));
+	const kiln_expr_t *e2 = ix_subst(c, e, map, CIR_MAX_RANK);
+	c->var_known[VAR_T] = kt;
+	c->var_known[VAR_L] = kl;
+	c->var_size[VAR_L] = sl;
+	if (e2 == NULL || !ix_coef(e2, VAR_L, coef))
+		return NULL;
+	return e2;
+}
+
+/* The scalar index of lane 0 of a lane form. */
+static LLVMValueRef emit_lane0(gen_t *g, const kiln_expr_t *e2, int w)
+{
+	unsigned sh = 0;
+	while ((1 << sh) < w)
+		sh++;
+	g->var[VAR_T] = LLVMBuildLShr(g->b, g->var[g->vvar],
+				      LLVMConstInt(g->i64, sh, 0), "");
+	g->var[VAR_L] = LLVMConstInt(g->i64, 0, 0);
+	return emit_ix(g, e2);
 }
 
 static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
@@ -430,8 +478,8 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 		/* computed in an earlier pass of this row: from the scratch,
 		 * in the compute dtype, at the reduce position */
 		kiln_dtype_t cdt = compute_dtype(b->dtype);
-		LLVMTypeRef et = cg_scalar_type(g, cdt == KILN_DT_BOOL ? KILN_DT_I8
-								       : cdt);
+		LLVMTypeRef et =
+		    cg_scalar_type(g, cdt == KILN_DT_BOOL ? KILN_DT_I8 : cdt);
 		LLVMValueRef p = LLVMBuildGEP2(
 		    g->b, et, scratch_ptr(g, e->buf),
 		    (LLVMValueRef[]){emit_ix(g, reduce_linear(g))}, 1, "");
@@ -439,7 +487,8 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 		    g->b, w > 1 ? LLVMVectorType(et, (unsigned)w) : et, p, "");
 		LLVMSetAlignment(v, (unsigned)kiln_dtype_size(cdt));
 		if (cdt == KILN_DT_BOOL)
-			v = LLVMBuildTrunc(g->b, v, cg_type(g, KILN_DT_BOOL, w), "");
+			v = LLVMBuildTrunc(g->b, v, cg_type(g, KILN_DT_BOOL, w),
+					   "");
 		return v;
 	}
 	LLVMValueRef base = buf_ptr(g, e->buf);
@@ -507,6 +556,25 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 		LLVMSetAlignment(v, align);
 		return from_storage(g, v, dt, w);
 	}
+	if (!affine && e->a == NULL) {
+		int64_t lc;
+		const kiln_expr_t *e2 = lane_form(g, e->idx, w, &lc);
+		if (e2 != NULL && (lc == 1 || lc == 0)) {
+			LLVMValueRef i0 = emit_lane0(g, e2, w);
+			LLVMValueRef p =
+			    LLVMBuildGEP2(g->b, st, base, &i0, 1, "");
+			if (lc == 0) {
+				LLVMValueRef v =
+				    LLVMBuildLoad2(g->b, st, p, "");
+				LLVMSetAlignment(v, align);
+				return cg_splat(g, from_storage(g, v, dt, 1),
+						w);
+			}
+			LLVMValueRef v = LLVMBuildLoad2(g->b, vt, p, "");
+			LLVMSetAlignment(v, align);
+			return from_storage(g, v, dt, w);
+		}
+	}
 	LLVMValueRef iv = emit_ix_w(g, e->idx, w);
 	LLVMValueRef ptrs =
 	    LLVMBuildGEP2(g->b, st, cg_splat(g, base, w), &iv, 1, "");
@@ -538,6 +606,18 @@ static void emit_store(gen_t *g, uint32_t buf, const kiln_expr_t *sidx,
 		LLVMValueRef s = LLVMBuildStore(g->b, sv, p);
 		LLVMSetAlignment(s, align);
 		return;
+	}
+	if (!affine) {
+		int64_t lc;
+		const kiln_expr_t *e2 = lane_form(g, sidx, w, &lc);
+		if (e2 != NULL && lc == 1) {
+			LLVMValueRef i0 = emit_lane0(g, e2, w);
+			LLVMValueRef p =
+			    LLVMBuildGEP2(g->b, st, base, &i0, 1, "");
+			LLVMValueRef s2 = LLVMBuildStore(g->b, sv, p);
+			LLVMSetAlignment(s2, align);
+			return;
+		}
 	}
 	if (affine && coef == 0) {
 		/* every lane writes the same element: the last lane's value */
@@ -905,7 +985,7 @@ static void loop_end(gen_t *g, loop_t *L)
 #define RED_UNROLL 4 /* independent accumulators in vector reduce loops */
 
 typedef struct racc {
-	LLVMValueRef v, i;   /* allocas: value and index accumulators */
+	LLVMValueRef v, i; /* allocas: value and index accumulators */
 	LLVMValueRef uv[RED_UNROLL], ui[RED_UNROLL]; /* uv[0] = v */
 	LLVMValueRef sv, si; /* scalar (tail) accumulators */
 	int w;		     /* width of v/i */
@@ -1066,10 +1146,9 @@ static void racc_merge(gen_t *g, racc_t *r, int a, int b)
 	    kiln_dtype_is_float(r->dt)
 		? LLVMBuildOr(
 		      g->b, LLVMBuildFCmp(g->b, LLVMRealOEQ, va, vb, ""),
-		      LLVMBuildAnd(g->b,
-				   LLVMBuildFCmp(g->b, LLVMRealUNO, va, va, ""),
-				   LLVMBuildFCmp(g->b, LLVMRealUNO, vb, vb, ""),
-				   ""),
+		      LLVMBuildAnd(
+			  g->b, LLVMBuildFCmp(g->b, LLVMRealUNO, va, va, ""),
+			  LLVMBuildFCmp(g->b, LLVMRealUNO, vb, vb, ""), ""),
 		      "")
 		: LLVMBuildICmp(g->b, LLVMIntEQ, va, vb, "");
 	take = LLVMBuildOr(
@@ -1218,18 +1297,20 @@ static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 				kiln_dtype_t cdt = compute_dtype(mb->dtype);
 				LLVMValueRef sv =
 				    cdt == KILN_DT_BOOL
-					? LLVMBuildZExt(g->b, v,
-							cg_type(g, KILN_DT_I8, w),
-							"")
+					? LLVMBuildZExt(
+					      g->b, v,
+					      cg_type(g, KILN_DT_I8, w), "")
 					: v;
 				LLVMTypeRef et = cg_scalar_type(
 				    g, cdt == KILN_DT_BOOL ? KILN_DT_I8 : cdt);
 				LLVMValueRef p = LLVMBuildGEP2(
 				    g->b, et, scratch_ptr(g, mnode(g, i)->buf),
-				    (LLVMValueRef[]){emit_ix(g, reduce_linear(g))},
+				    (LLVMValueRef[]){
+					emit_ix(g, reduce_linear(g))},
 				    1, "");
 				LLVMValueRef st = LLVMBuildStore(g->b, sv, p);
-				LLVMSetAlignment(st, (unsigned)kiln_dtype_size(cdt));
+				LLVMSetAlignment(
+				    st, (unsigned)kiln_dtype_size(cdt));
 			} else if (stored(g, i)) {
 				emit_store(g, mnode(g, i)->buf, m->sidx, v, w);
 			}
@@ -1282,8 +1363,8 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 				    g->b, U.i,
 				    LLVMConstInt(g->i64, (uint64_t)(u * w), 0),
 				    "");
-				gen_loops(g, dims, nd, at + 1, p, acc, w, vec, lo,
-					  hi);
+				gen_loops(g, dims, nd, at + 1, p, acc, w, vec,
+					  lo, hi);
 			}
 			g->slot = 0;
 			loop_end(g, &U);

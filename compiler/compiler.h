@@ -102,8 +102,8 @@ enum {
 	KILN_EMIT_KERNELS,  /* the fusion report */
 	KILN_EMIT_LLVM_RAW, /* LLVM IR before optimization */
 	KILN_EMIT_LLVM,	    /* LLVM IR after O3 */
-	KILN_EMIT_ASM,      /* assembly */
-	KILN_EMIT_IR        /* the lowered compute nodes */
+	KILN_EMIT_ASM,	    /* assembly */
+	KILN_EMIT_IR	    /* the lowered compute nodes */
 };
 
 /* The pipeline up to `emit`; text outputs go to *text (malloc'd). */

@@ -82,10 +82,10 @@ int low_softmax(cctx_t *c, lnode_t *n)
 	if (rc != 0)
 		return rc;
 	const sx_t *sb = lt_bcast_body(c, s, x->rank, x->sizes);
-	const sx_t *out = n->param == 0
-			      ? sx_bin(c, OP_MUL, lt_body(c, e),
-				       sx_un(c, OP_RECIP, sb))
-			      : sx_bin(c, OP_SUB, sh, sx_un(c, OP_LOG, sb));
+	const sx_t *out =
+	    n->param == 0
+		? sx_bin(c, OP_MUL, lt_body(c, e), sx_un(c, OP_RECIP, sb))
+		: sx_bin(c, OP_SUB, sh, sx_un(c, OP_LOG, sb));
 	return lset(n, 0, lt_fn(c, odt, x->rank, x->sizes, out));
 }
 

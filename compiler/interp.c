@@ -172,7 +172,8 @@ void kiln__i_contig_strides(uint32_t rank, const int64_t *size, int64_t *st)
 	for (uint32_t d = rank; d-- > 0;) {
 		st[d] = s;
 		if (size[d] > 1 && __builtin_mul_overflow(s, size[d], &s))
-			s = INT64_MAX; /* only for zero-size shapes: never read */
+			s = INT64_MAX; /* only for zero-size shapes: never read
+					*/
 	}
 }
 

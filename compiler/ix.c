@@ -579,6 +579,144 @@ static void psplit_atom(const poly_t *p, const kiln_expr_t *d, poly_t *q,
 	}
 }
 
+/* (a*q + r) // (a*m) = q // m and (a*q + r) % (a*m) = a*(q % m) + r when
+ * 0 <= r < a: finds such an a among p's coefficients (largest first). */
+static bool split_by_factor(cctx_t *c, const poly_t *p, int64_t d, int64_t *a,
+			    poly_t *q, poly_t *r)
+{
+	int64_t best = 0;
+	for (uint32_t i = 0; i < p->n; i++) {
+		int64_t k = p->t[i].coef < 0 ? -p->t[i].coef : p->t[i].coef;
+		if (p->t[i].n == 0 || k <= 1 || k >= d || d % k != 0 ||
+		    k <= best)
+			continue;
+		poly_t qq, rr;
+		psplit_const(p, k, &qq, &rr);
+		range_t rg = rng_poly(c, &rr);
+		if (qq.bad || rr.bad || !rg.lo_ok || !rg.hi_ok || rg.lo < 0 ||
+		    rg.hi >= k)
+			continue;
+		best = k;
+		*q = qq;
+		*r = rr;
+	}
+	*a = best;
+	return best > 0;
+}
+
+/* ---- symbolic divisors ------------------------------------------------ */
+
+/* Splits p by a divisor monomial d (coefficient dc, atoms da): q gets the
+ * terms d divides (divided by d), r the rest. */
+static void psplit_mono(const poly_t *p, const term_t *d, poly_t *q, poly_t *r)
+{
+	q->n = r->n = 0;
+	q->bad = r->bad = p->bad;
+	for (uint32_t i = 0; i < p->n; i++) {
+		term_t t = p->t[i];
+		bool div = t.coef % d->coef == 0;
+		term_t rest = t;
+		rest.n = 0;
+		uint8_t j = 0;
+		for (uint8_t k = 0; k < t.n && div; k++) {
+			if (j < d->n && t.at[k] == d->at[j])
+				j++;
+			else
+				rest.at[rest.n++] = t.at[k];
+		}
+		if (div && j == d->n) {
+			rest.coef = t.coef / d->coef;
+			padd_term(q, &rest);
+		} else {
+			padd_term(r, &t);
+		}
+	}
+}
+
+/* An upper bound of r as a polynomial, when r is a non-negative sum of
+ * terms coef * var (vars bounded by their sizes - 1, possibly symbolic),
+ * coef * (x % m) (bounded by m - 1) and coef * symbol-products (their own
+ * bound). false when r may be negative or unbounded. */
+static bool poly_upper(cctx_t *c, const poly_t *r, poly_t *out)
+{
+	out->n = 0;
+	out->bad = false;
+	for (uint32_t i = 0; i < r->n; i++) {
+		const term_t *t = &r->t[i];
+		if (t->coef < 0)
+			return false;
+		if (t->n == 0) {
+			padd_term(out, t);
+			continue;
+		}
+		bool all_sym = true;
+		for (uint8_t k = 0; k < t->n; k++)
+			all_sym = all_sym && t->at[k]->kind == KILN_EX_SYM;
+		if (all_sym) {
+			padd_term(out, t);
+			continue;
+		}
+		if (t->n != 1)
+			return false;
+		const kiln_expr_t *a = t->at[0];
+		const kiln_expr_t *bound = NULL;
+		if (a->kind == KILN_EX_VAR && a->sym < CIR_MAX_VARS &&
+		    c->var_known[a->sym])
+			bound = ix_dim(c, c->var_size[a->sym]);
+		else if (a->kind == KILN_EX_MOD)
+			bound = a->b;
+		if (bound == NULL)
+			return false;
+		poly_t bp;
+		pfrom(bound, &bp);
+		term_t m1 = {-1, 0, {0}};
+		padd_term(&bp, &m1);
+		pscale(&bp, t->coef);
+		for (uint32_t k = 0; k < bp.n; k++)
+			padd_term(out, &bp.t[k]);
+	}
+	return !out->bad;
+}
+
+/* Whether 0 <= r < d for every allowed value (symbols are >= 0). */
+static bool below(cctx_t *c, const poly_t *r, const poly_t *d)
+{
+	poly_t up;
+	if (!poly_upper(c, r, &up))
+		return false;
+	/* d - 1 - up must have no negative coefficient */
+	poly_t diff = *d;
+	term_t m1 = {-1, 0, {0}};
+	padd_term(&diff, &m1);
+	for (uint32_t i = 0; i < up.n; i++) {
+		term_t t = up.t[i];
+		t.coef = -t.coef;
+		padd_term(&diff, &t);
+	}
+	if (diff.bad)
+		return false;
+	for (uint32_t i = 0; i < diff.n; i++)
+		if (diff.t[i].coef < 0)
+			return false;
+	return true;
+}
+
+/* p // d and p % d for a symbolic monomial divisor d: p = q*d + r with
+ * 0 <= r < d gives q and r. */
+static bool symdiv(cctx_t *c, const kiln_expr_t *a, const kiln_expr_t *b,
+		   poly_t *q, poly_t *r)
+{
+	poly_t p, d;
+	pfrom(a, &p);
+	pfrom(b, &d);
+	if (p.bad || d.bad || d.n != 1 || d.t[0].coef <= 0 || d.t[0].n == 0)
+		return false;
+	psplit_mono(&p, &d.t[0], q, r);
+	if (q->bad || r->bad)
+		return false;
+	return below(c, r, &d);
+}
+
 const kiln_expr_t *ix_floordiv(cctx_t *c, const kiln_expr_t *a,
 			       const kiln_expr_t *b)
 {
@@ -598,6 +736,12 @@ const kiln_expr_t *ix_floordiv(cctx_t *c, const kiln_expr_t *a,
 				if (!q.bad && !r.bad && rr.lo_ok && rr.hi_ok &&
 				    rr.lo >= 0 && rr.hi < b->c)
 					return pto(c, &q);
+				int64_t f;
+				if (split_by_factor(c, &p, b->c, &f, &q, &r))
+					return ix_floordiv(
+					    c, pto(c, &q),
+					    ix_const(c, b->c / f));
+				psplit_const(&p, b->c, &q, &r);
 				/* (q*d + r)//d = q + r//d */
 				if (!q.bad && !r.bad && q.n > 0) {
 					const kiln_expr_t *re = pto(c, &r);
@@ -617,6 +761,8 @@ const kiln_expr_t *ix_floordiv(cctx_t *c, const kiln_expr_t *a,
 		}
 	} else if (b->kind != KILN_EX_CONST) {
 		poly_t p, q, r;
+		if (symdiv(c, a, b, &q, &r))
+			return pto(c, &q);
 		pfrom(a, &p);
 		if (!p.bad) {
 			psplit_atom(&p, b, &q, &r);
@@ -644,11 +790,22 @@ const kiln_expr_t *ix_mod(cctx_t *c, const kiln_expr_t *a, const kiln_expr_t *b)
 			if (!r.bad && rr.lo_ok && rr.hi_ok && rr.lo >= 0 &&
 			    rr.hi < b->c)
 				return pto(c, &r);
+			int64_t f;
+			poly_t q2, r2;
+			if (split_by_factor(c, &p, b->c, &f, &q2, &r2))
+				return ix_add(
+				    c,
+				    ix_mul(c, ix_const(c, f),
+					   ix_mod(c, pto(c, &q2),
+						  ix_const(c, b->c / f))),
+				    pto(c, &r2));
 			if (!r.bad && q.n > 0)
 				return mk(c, KILN_EX_MOD, 0, 0, pto(c, &r), b);
 		}
 	} else if (b->kind != KILN_EX_CONST) {
 		poly_t p, q, r;
+		if (symdiv(c, a, b, &q, &r))
+			return pto(c, &r);
 		pfrom(a, &p);
 		if (!p.bad) {
 			psplit_atom(&p, b, &q, &r);

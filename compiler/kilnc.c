@@ -328,8 +328,8 @@ int main(int argc, char **argv)
 		} else if (strncmp(a, "--emit=", 7) == 0) {
 			emit = a + 7;
 			static const char *const ok[] = {
-			    "summary", "graph", "ir",  "kernels",
-			    "llvm-raw", "llvm", "asm", "artifact"};
+			    "summary",	"graph", "ir",	"kernels",
+			    "llvm-raw", "llvm",	 "asm", "artifact"};
 			bool found = false;
 			for (size_t k = 0; k < 8; k++)
 				found = found || strcmp(emit, ok[k]) == 0;

@@ -413,8 +413,8 @@ static void mark_row_local(cctx_t *c)
 		for (uint32_t i = 0; i < k->n_members; i++) {
 			const kmember_t *m = &k->members[i];
 			cbuf_t *b = &c->bufs[c->nodes[m->node].buf];
-			if (m->role != ROLE_FULL || !b->in_memory || b->ext_read ||
-			    b->is_output)
+			if (m->role != ROLE_FULL || !b->in_memory ||
+			    b->ext_read || b->is_output)
 				continue;
 			b->row_local = true;
 			b->in_memory = false;
@@ -675,8 +675,9 @@ static void sb_sx(cctx_t *c, sbuf_t *s, const sx_t *e, int depth)
 		sb_printf(s, ")");
 		return;
 	case SX_CAST:
-		sb_printf(s, "%s(", kiln_dtype_name(e->op ? (kiln_dtype_t)e->op
-							 : (kiln_dtype_t)e->dt));
+		sb_printf(s, "%s(",
+			  kiln_dtype_name(e->op ? (kiln_dtype_t)e->op
+						: (kiln_dtype_t)e->dt));
 		sb_sx(c, s, e->a, depth + 1);
 		sb_printf(s, ")");
 		return;
@@ -691,7 +692,8 @@ char *sched_ir(cctx_t *c)
 	for (uint32_t i = 0; i < c->n_nodes; i++) {
 		const cnode_t *n = &c->nodes[i];
 		const cbuf_t *b = &c->bufs[n->buf];
-		const char *op = n->node >= 0 ? c->g->nodes[n->node].op : "output";
+		const char *op =
+		    n->node >= 0 ? c->g->nodes[n->node].op : "output";
 		if (n->fallback) {
 			sb_printf(&s, "%%%u = fallback %s  ; node %d\n", i, op,
 				  n->node);

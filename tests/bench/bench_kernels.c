@@ -75,8 +75,8 @@ static void node_head(gb_t *b, const char *op, uint32_t nargs)
 }
 
 /* Builds the workload graph; sets the number of inputs and their shapes. */
-static kiln_graph_t *build(const char *w, int64_t rows, int64_t cols,
-			   int *n_in, int64_t in_shape[][2])
+static kiln_graph_t *build(const char *w, int64_t rows, int64_t cols, int *n_in,
+			   int64_t in_shape[][2])
 {
 	gb_t b;
 	msgpack_sbuffer_init(&b.sb);
@@ -270,19 +270,20 @@ int main(int argc, char **argv)
 			int64_t cols = 1024, rows = elems / cols;
 			int n_in;
 			int64_t shp[3][2];
-			kiln_graph_t *g = build(works[wi], rows, cols, &n_in, shp);
+			kiln_graph_t *g =
+			    build(works[wi], rows, cols, &n_in, shp);
 			kiln_compile_opts_t opts;
 			memset(&opts, 0, sizeof(opts));
 			kiln_artifact_t *a = NULL;
-			if (g == NULL ||
-			    kiln_compile(kc, g, &opts, &a, NULL, err,
-					 sizeof(err)) != 0) {
-				fprintf(stderr, "bench %s: %s\n", works[wi], err);
+			if (g == NULL || kiln_compile(kc, g, &opts, &a, NULL,
+						      err, sizeof(err)) != 0) {
+				fprintf(stderr, "bench %s: %s\n", works[wi],
+					err);
 				return 1;
 			}
 			kiln_module_t *m = NULL;
-			if (kiln_module_from_artifact(a, &m, err, sizeof(err)) !=
-			    0) {
+			if (kiln_module_from_artifact(a, &m, err,
+						      sizeof(err)) != 0) {
 				fprintf(stderr, "bench: %s\n", err);
 				return 1;
 			}
@@ -305,10 +306,12 @@ int main(int argc, char **argv)
 					t->sizes[0] = shp[i][1];
 					t->strides[0] = 1;
 				}
-				float *d = aligned_alloc(64, (size_t)n * 4 + 64);
+				float *d =
+				    aligned_alloc(64, (size_t)n * 4 + 64);
 				for (int64_t e = 0; e < n; e++)
-					d[e] = (float)((e * 7919 % 1000) - 500) /
-					       250.0f;
+					d[e] =
+					    (float)((e * 7919 % 1000) - 500) /
+					    250.0f;
 				t->data = d;
 			}
 			uint32_t nob = kiln_module_n_out_buffers(m);
@@ -323,13 +326,15 @@ int main(int argc, char **argv)
 			for (int fresh = 0; fresh < 2; fresh++) {
 				for (int r = 0; r < 18; r++) {
 					double t0 = now_s();
-					if (kiln_module_run(m, in, (uint32_t)n_in, ob,
-							    outs, &ro, err,
-							    sizeof(err)) != 0) {
-						fprintf(stderr, "bench: %s\n", err);
+					if (kiln_module_run(
+						m, in, (uint32_t)n_in, ob, outs,
+						&ro, err, sizeof(err)) != 0) {
+						fprintf(stderr, "bench: %s\n",
+							err);
 						return 1;
 					}
-					for (uint32_t i = 0; fresh && i < nob; i++) {
+					for (uint32_t i = 0; fresh && i < nob;
+					     i++) {
 						free(ob[i]);
 						ob[i] = NULL;
 					}
@@ -353,9 +358,10 @@ int main(int argc, char **argv)
 				       works[wi], mbs[mi], tk * 1e3, gk,
 				       bytes / tkf / 1e9, gm);
 			else
-				printf("%-10s %6d %10.3f %10.2f %10.2f %7.0f%%\n",
-				       works[wi], mbs[mi], tk * 1e3, gk, gm,
-				       100 * gk / gm);
+				printf(
+				    "%-10s %6d %10.3f %10.2f %10.2f %7.0f%%\n",
+				    works[wi], mbs[mi], tk * 1e3, gk, gm,
+				    100 * gk / gm);
 			for (uint32_t i = 0; i < nob; i++)
 				free(ob[i]);
 			for (int i = 0; i < n_in; i++)

@@ -620,6 +620,8 @@ static void cctx_init(cctx_t *c, kiln_compiler_t *kc, const kiln_graph_t *g,
 	c->vec_width = kc->cpu.vec_width;
 	const char *m = getenv("KILN_MATH");
 	c->use_libmvec = m != NULL && strcmp(m, "libmvec") == 0;
+	const char *nf = getenv("KILN_NOFUSE");
+	c->nofuse = nf != NULL && nf[0] == '1';
 	c->hint_default = 64;
 }
 

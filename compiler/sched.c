@@ -448,13 +448,8 @@ int sched_graph(cctx_t *c)
 		bool joined = false;
 		/* latest kernel first; never before a dependency's kernel.
 		 * KILN_NOFUSE=1 gives every node its own kernel (debugging) */
-		static int nofuse = -1;
-		if (nofuse < 0) {
-			const char *e = getenv("KILN_NOFUSE");
-			nofuse = e != NULL && e[0] == '1';
-		}
 		for (int32_t ki = (int32_t)c->n_kernels - 1;
-		     !nofuse && ki >= 0 && ki >= d.max_kernel && !joined;
+		     !c->nofuse && ki >= 0 && ki >= d.max_kernel && !joined;
 		     ki--) {
 			int rc = try_join(c, &c->kernels[ki], ni, &joined);
 			if (rc != 0)

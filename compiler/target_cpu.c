@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <llvm-c/Analysis.h>
+#include <llvm-c/Error.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
@@ -41,6 +42,32 @@ static void llvm_init(void)
 	LLVMInitializeX86TargetMC();
 	LLVMInitializeX86AsmPrinter();
 	LLVMInitializeX86AsmParser();
+	/* Run the pass pipeline once on an empty module, on this one thread:
+	 * LLVM creates some process-wide objects (pass timers, option
+	 * tables) lazily on first use, and ThreadSanitizer saw two compiler
+	 * threads race to create them. */
+	char *triple = LLVMGetDefaultTargetTriple();
+	LLVMTargetRef target;
+	char *msg = NULL;
+	if (LLVMGetTargetFromTriple(triple, &target, &msg) == 0) {
+		LLVMTargetMachineRef tm = LLVMCreateTargetMachine(
+		    target, triple, "generic", "", LLVMCodeGenLevelAggressive,
+		    LLVMRelocPIC, LLVMCodeModelDefault);
+		LLVMContextRef ctx = LLVMContextCreate();
+		LLVMModuleRef m =
+		    LLVMModuleCreateWithNameInContext("warm", ctx);
+		LLVMPassBuilderOptionsRef o = LLVMCreatePassBuilderOptions();
+		LLVMErrorRef e = LLVMRunPasses(m, "default<O3>", tm, o);
+		if (e != NULL)
+			LLVMConsumeError(e);
+		LLVMDisposePassBuilderOptions(o);
+		LLVMDisposeModule(m);
+		LLVMContextDispose(ctx);
+		if (tm != NULL)
+			LLVMDisposeTargetMachine(tm);
+	}
+	LLVMDisposeMessage(msg);
+	LLVMDisposeMessage(triple);
 }
 
 void kiln__llvm_init(void)

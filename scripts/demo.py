@@ -4,7 +4,8 @@
 What exists today: capture a real PyTorch model's forward and backward ATen
 graphs through Dynamo + AOTAutograd, export them to Graph v1, and have the C
 protocol library decode, validate and sign them (kilnc). Then the committed
-corpus, with each graph's signature. Later issues grow this into the full
+corpus, with each graph's signature, and corpus graphs compiled to fused
+kernels and run against torch's outputs. Later issues grow this into the full
 demo: kilnd compiling the model, and the cache hit on a second run.
 """
 import json
@@ -72,6 +73,20 @@ def main():
         dyn = "  (dynamic: " + ", ".join(e["symbols"]) + ")" if e["dynamic"] else ""
         print(f"   {e['name']:24} {e['nodes']:5} {len(e['ops']):4} "
               f"{os.path.getsize(path):7}  {sig[:16]}…{dyn}")
+    print("\n== 4. Compile corpus graphs to fused CPU kernels and run them against "
+          "torch's outputs")
+    for name in ("transformer_layer_fwd", "gpt2_fwd", "mlp_bwd"):
+        g = os.path.join(gdir, name + ".graph.msgpack")
+        io = os.path.join(gdir, name + ".io.msgpack")
+        rep = kilnc(g, "--emit=kernels").splitlines()
+        run = kilnc(g, "--run", io, "--bench").splitlines()
+        comp = [l for l in run if l.startswith("compile:")][0]
+        ok = sum(1 for l in run if l.startswith("output") and " ok" in l)
+        n = sum(1 for l in run if l.startswith("output"))
+        print(f"   {name}: {rep[0]}")
+        print(f"      {comp}")
+        print(f"      {ok} of {n} outputs match torch; "
+              + [l for l in run if l.startswith("run:")][0])
     print("\nNext: kilnd compiles these graphs and serves repeats from its store "
           "(see README.md, Status).")
 

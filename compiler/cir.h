@@ -47,9 +47,10 @@ typedef enum {
 	X(NEG)                                                                 \
 	X(ABS)                                                                 \
 	X(EXP)                                                                 \
-	X(EXP2) X(LOG) X(LOG1P) X(LOG2) X(EXPM1) X(SQRT) X(RSQRT) X(RECIP)     \
-	    X(SIN) X(COS) X(TAN) X(TANH) X(SIGMOID) X(ERF) X(SIGN) X(FLOOR)    \
-		X(CEIL) X(ROUND) X(TRUNC) X(NOT) X(BITNOT) X(ISNAN)            \
+	X(EXP2)                                                                \
+	X(LOG) X(LOG1P) X(LOG2) X(EXPM1) X(SQRT) X(RSQRT) X(RECIP) X(SIN)      \
+	    X(COS) X(TAN) X(TANH) X(SIGMOID) X(ERF) X(SIGN) X(FLOOR) X(CEIL)   \
+		X(ROUND) X(TRUNC) X(NOT) X(BITNOT) X(ISNAN)                    \
 		    X(ATAN) /* binary */                                       \
 	    X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD) \
 		X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT)    \
@@ -154,6 +155,10 @@ typedef struct cnode {
 	bool fallback;
 	uint32_t n_fbout;
 	uint32_t *fbout;
+	/* a matrix product: buf[b, m, n] = sum_k A[b, m, k] * B[b, k, n]
+	 * (b: the batch dims, none for mm), A and B strided buffer views */
+	bool gemm;
+	const struct lt *ga, *gb;
 } cnode_t;
 
 /* ---- kernels ------------------------------------------------------------- */
@@ -175,6 +180,7 @@ typedef struct kmember {
 
 typedef struct kernel {
 	bool is_fallback; /* a fallback step, not generated code */
+	bool is_gemm;	  /* a matrix product through BLAS (codegen.c) */
 	bool is_row; /* has reductions: outer (parallel) × reduced (inner) */
 	uint32_t frank;
 	kiln_dim_t fsizes[CIR_MAX_RANK];
@@ -221,7 +227,8 @@ typedef struct cctx {
 	/* options */
 	int vec_width; /* f32 lanes */
 	bool use_libmvec;
-	bool nofuse; /* KILN_NOFUSE=1: one kernel per compute node */
+	bool nofuse;	  /* KILN_NOFUSE=1: one kernel per compute node */
+	const char *blas; /* path of the BLAS library kernels call, or NULL */
 	int64_t hint_default;
 } cctx_t;
 

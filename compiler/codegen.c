@@ -1666,6 +1666,215 @@ static void kernel_extent(cctx_t *c, kernel_t *k)
 	k->grain = grain < 1 ? 1 : grain;
 }
 
+/* ---- matrix products through BLAS ------------------------------------------
+ */
+
+/* A module-level pointer to cblas_?gemm, found on first use with
+ * dlopen(path) + dlsym on that handle (so it is the BLAS the compiler
+ * probed, never another library's symbol of the same name); OpenBLAS is
+ * told to stay single-threaded, as kiln's own pool runs the row blocks in
+ * parallel. Racing first uses store the same pointer (monotonic atomics). */
+static LLVMValueRef blas_fn(gen_t *g, bool f64)
+{
+	const char *gname = f64 ? "kiln_dgemm_fp" : "kiln_sgemm_fp";
+	LLVMValueRef gv = LLVMGetNamedGlobal(g->mod, gname);
+	if (gv == NULL) {
+		gv = LLVMAddGlobal(g->mod, g->ptr, gname);
+		LLVMSetInitializer(gv, LLVMConstNull(g->ptr));
+		LLVMSetLinkage(gv, LLVMInternalLinkage);
+		LLVMSetAlignment(gv, 8);
+	}
+	LLVMValueRef cur = LLVMBuildLoad2(g->b, g->ptr, gv, "");
+	LLVMSetOrdering(cur, LLVMAtomicOrderingMonotonic);
+	LLVMSetAlignment(cur, 8);
+	LLVMBasicBlockRef here = LLVMGetInsertBlock(g->b);
+	LLVMBasicBlockRef init =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "blas_init");
+	LLVMBasicBlockRef done =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "blas_done");
+	LLVMBuildCondBr(g->b, LLVMBuildIsNull(g->b, cur, ""), init, done);
+	LLVMPositionBuilderAtEnd(g->b, init);
+	LLVMTypeRef pt2[2] = {g->ptr, g->i32};
+	LLVMTypeRef dlopen_t = LLVMFunctionType(g->ptr, pt2, 2, 0);
+	LLVMValueRef dlopen_f = LLVMGetNamedFunction(g->mod, "dlopen");
+	if (dlopen_f == NULL)
+		dlopen_f = LLVMAddFunction(g->mod, "dlopen", dlopen_t);
+	LLVMTypeRef pp[2] = {g->ptr, g->ptr};
+	LLVMTypeRef dlsym_t = LLVMFunctionType(g->ptr, pp, 2, 0);
+	LLVMValueRef dlsym_f = LLVMGetNamedFunction(g->mod, "dlsym");
+	if (dlsym_f == NULL)
+		dlsym_f = LLVMAddFunction(g->mod, "dlsym", dlsym_t);
+	LLVMValueRef path = LLVMBuildGlobalStringPtr(g->b, g->c->blas, "");
+	LLVMValueRef oargs[2] = {path,
+				 LLVMConstInt(g->i32, 2 /* RTLD_NOW */, 0)};
+	LLVMValueRef h = LLVMBuildCall2(g->b, dlopen_t, dlopen_f, oargs, 2, "");
+	LLVMValueRef sargs[2] = {
+	    h, LLVMBuildGlobalStringPtr(
+		   g->b, f64 ? "cblas_dgemm" : "cblas_sgemm", "")};
+	LLVMValueRef fn = LLVMBuildCall2(g->b, dlsym_t, dlsym_f, sargs, 2, "");
+	LLVMValueRef targs[2] = {
+	    h, LLVMBuildGlobalStringPtr(g->b, "openblas_set_num_threads", "")};
+	LLVMValueRef st = LLVMBuildCall2(g->b, dlsym_t, dlsym_f, targs, 2, "");
+	LLVMBasicBlockRef setn =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "blas_threads");
+	LLVMBasicBlockRef store =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "blas_store");
+	LLVMBuildCondBr(g->b, LLVMBuildIsNull(g->b, st, ""), store, setn);
+	LLVMPositionBuilderAtEnd(g->b, setn);
+	LLVMTypeRef i32t = g->i32;
+	LLVMTypeRef setn_t = LLVMFunctionType(g->voidt, &i32t, 1, 0);
+	LLVMValueRef one = LLVMConstInt(g->i32, 1, 0);
+	LLVMBuildCall2(g->b, setn_t, st, &one, 1, "");
+	LLVMBuildBr(g->b, store);
+	LLVMPositionBuilderAtEnd(g->b, store);
+	LLVMValueRef sto = LLVMBuildStore(g->b, fn, gv);
+	LLVMSetOrdering(sto, LLVMAtomicOrderingMonotonic);
+	LLVMSetAlignment(sto, 8);
+	LLVMBuildBr(g->b, done);
+	LLVMPositionBuilderAtEnd(g->b, done);
+	LLVMValueRef phi = LLVMBuildPhi(g->b, g->ptr, "");
+	LLVMValueRef iv[2] = {cur, fn};
+	LLVMBasicBlockRef ib[2] = {here, store};
+	LLVMAddIncoming(phi, iv, ib, 2);
+	return phi;
+}
+
+#define GEMM_MB 64 /* rows of C per unit */
+
+static LLVMValueRef imax(gen_t *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, a, b, ""),
+			       a, b, "");
+}
+
+/* One unit: rows [m0, m0 + MB) of batch bi. Operand layout per matrix:
+ * unit stride on its last dim → "no transpose" with the other stride as
+ * the leading dimension; else (unit stride on the second-to-last dim) →
+ * "transpose". */
+static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	const cnode_t *n = &c->nodes[g->k->members[0].node];
+	const lt_t *a = n->ga, *b = n->gb;
+	const cbuf_t *cb = &c->bufs[n->buf];
+	bool f64 = cb->dtype == KILN_DT_F64;
+	LLVMTypeRef et = f64 ? g->f64 : g->f32;
+	uint32_t r = a->rank;
+	LLVMValueRef M = emit_ix(g, ix_dim(c, a->sizes[r - 2]));
+	LLVMValueRef K = emit_ix(g, ix_dim(c, a->sizes[r - 1]));
+	LLVMValueRef N = emit_ix(g, ix_dim(c, b->sizes[r - 1]));
+#define DIMV(t, k) emit_ix(g, ix_dim(c, (t)->strides[k]))
+	LLVMValueRef sam = DIMV(a, r - 2), sak = DIMV(a, r - 1);
+	LLVMValueRef sbk = DIMV(b, r - 2), sbn = DIMV(b, r - 1);
+	LLVMValueRef sab = r == 3 ? DIMV(a, 0) : LLVMConstInt(g->i64, 0, 0);
+	LLVMValueRef sbb = r == 3 ? DIMV(b, 0) : LLVMConstInt(g->i64, 0, 0);
+	LLVMValueRef offa = emit_ix(g, ix_dim(c, a->offset));
+	LLVMValueRef offb = emit_ix(g, ix_dim(c, b->offset));
+#undef DIMV
+	LLVMValueRef one = LLVMConstInt(g->i64, 1, 0);
+	/* A: no-transpose when its k stride is 1 (or K == 1) */
+	LLVMValueRef a_nt =
+	    LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, sak, one, ""),
+			LLVMBuildICmp(g->b, LLVMIntEQ, K, one, ""), "");
+	LLVMValueRef b_nt =
+	    LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, sbn, one, ""),
+			LLVMBuildICmp(g->b, LLVMIntEQ, N, one, ""), "");
+	LLVMValueRef nmb = LLVMBuildUDiv(
+	    g->b,
+	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, GEMM_MB - 1, 0), ""),
+	    LLVMConstInt(g->i64, GEMM_MB, 0), "");
+	nmb = imax(g, nmb, one);
+	LLVMValueRef fn = blas_fn(g, f64);
+	loop_t U;
+	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef bi = LLVMBuildUDiv(g->b, U.i, nmb, "");
+	LLVMValueRef m0 = LLVMBuildMul(g->b, LLVMBuildURem(g->b, U.i, nmb, ""),
+				       LLVMConstInt(g->i64, GEMM_MB, 0), "");
+	LLVMValueRef rows = LLVMBuildSub(g->b, M, m0, "");
+	LLVMValueRef mb = LLVMConstInt(g->i64, GEMM_MB, 0);
+	rows = LLVMBuildSelect(
+	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, rows, mb, ""), rows, mb, "");
+	LLVMValueRef aoff =
+	    LLVMBuildAdd(g->b, offa,
+			 LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, sab, ""),
+				      LLVMBuildMul(g->b, m0, sam, ""), ""),
+			 "");
+	LLVMValueRef boff =
+	    LLVMBuildAdd(g->b, offb, LLVMBuildMul(g->b, bi, sbb, ""), "");
+	LLVMValueRef coff = LLVMBuildAdd(
+	    g->b, LLVMBuildMul(g->b, bi, LLVMBuildMul(g->b, M, N, ""), ""),
+	    LLVMBuildMul(g->b, m0, N, ""), "");
+	LLVMValueRef ap =
+	    LLVMBuildGEP2(g->b, et, buf_ptr(g, n->ga->buf), &aoff, 1, "");
+	LLVMValueRef bp =
+	    LLVMBuildGEP2(g->b, et, buf_ptr(g, n->gb->buf), &boff, 1, "");
+	LLVMValueRef cp =
+	    LLVMBuildGEP2(g->b, et, buf_ptr(g, n->buf), &coff, 1, "");
+	/* leading dimensions, at least what BLAS requires */
+	LLVMValueRef lda =
+	    LLVMBuildSelect(g->b, a_nt, imax(g, sam, imax(g, K, one)),
+			    imax(g, sak, imax(g, rows, one)), "");
+	LLVMValueRef ldb =
+	    LLVMBuildSelect(g->b, b_nt, imax(g, sbk, imax(g, N, one)),
+			    imax(g, sbn, imax(g, K, one)), "");
+	LLVMValueRef ta =
+	    LLVMBuildSelect(g->b, a_nt, LLVMConstInt(g->i32, 111, 0),
+			    LLVMConstInt(g->i32, 112, 0), "");
+	LLVMValueRef tb =
+	    LLVMBuildSelect(g->b, b_nt, LLVMConstInt(g->i32, 111, 0),
+			    LLVMConstInt(g->i32, 112, 0), "");
+#define I32(v) LLVMBuildTrunc(g->b, (v), g->i32, "")
+	LLVMValueRef args[14] = {LLVMConstInt(g->i32, 101, 0), /* row major */
+				 ta,
+				 tb,
+				 I32(rows),
+				 I32(N),
+				 I32(K),
+				 LLVMConstReal(et, 1.0),
+				 ap,
+				 I32(lda),
+				 bp,
+				 I32(ldb),
+				 LLVMConstReal(et, 0.0),
+				 cp,
+				 I32(imax(g, N, one))};
+#undef I32
+	LLVMTypeRef pt[14] = {g->i32, g->i32, g->i32, g->i32, g->i32,
+			      g->i32, et,     g->ptr, g->i32, g->ptr,
+			      g->i32, et,     g->ptr, g->i32};
+	LLVMTypeRef ft = LLVMFunctionType(g->voidt, pt, 14, 0);
+	LLVMBasicBlockRef call =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "gemm_call");
+	LLVMBasicBlockRef skip =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "gemm_skip");
+	LLVMValueRef ok =
+	    LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, fn, ""),
+			 LLVMBuildICmp(g->b, LLVMIntSGT, rows,
+				       LLVMConstInt(g->i64, 0, 0), ""),
+			 "");
+	LLVMBuildCondBr(g->b, ok, call, skip);
+	LLVMPositionBuilderAtEnd(g->b, call);
+	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
+	LLVMBuildBr(g->b, skip);
+	LLVMPositionBuilderAtEnd(g->b, skip);
+	loop_end(g, &U);
+}
+
+static void gemm_extent(cctx_t *c, kernel_t *k)
+{
+	const cnode_t *n = &c->nodes[k->members[0].node];
+	const lt_t *a = n->ga;
+	uint32_t r = a->rank;
+	const kiln_expr_t *m = ix_dim(c, a->sizes[r - 2]);
+	const kiln_expr_t *nmb = ix_floordiv(
+	    c, ix_add(c, m, ix_const(c, GEMM_MB - 1)), ix_const(c, GEMM_MB));
+	nmb = ix_max(c, nmb, ix_const(c, 1));
+	if (r == 3)
+		nmb = ix_mul(c, nmb, ix_dim(c, a->sizes[0]));
+	k->extent = dim_of(nmb);
+	k->grain = 1;
+}
+
 struct argscan {
 	gen_t *g;
 };
@@ -1704,7 +1913,16 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 		return cir_err(c, KILN_EUNSUPOP,
 			       "kernel %s needs more than %d buffers", k->name,
 			       CG_MAX_ARGS);
-	kernel_extent(c, k);
+	if (k->is_gemm) {
+		const cnode_t *gn = &c->nodes[k->members[0].node];
+		g->n_args = 0;
+		add_arg(g, gn->buf);
+		add_arg(g, gn->ga->buf);
+		add_arg(g, gn->gb->buf);
+		gemm_extent(c, k);
+	} else {
+		kernel_extent(c, k);
+	}
 	k->n_args = g->n_args;
 	k->args = kiln_arena_calloc(c->arena, g->n_args ? g->n_args : 1,
 				    sizeof(uint32_t));
@@ -1754,7 +1972,10 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	if (g->mval == NULL || g->mval_width == NULL)
 		return -ENOMEM;
 	memo_clear(g);
-	gen_kernel_body(g, begin, end);
+	if (k->is_gemm)
+		gen_gemm_body(g, begin, end);
+	else
+		gen_kernel_body(g, begin, end);
 	LLVMBuildRetVoid(g->b);
 
 	/* the exported wrapper */

@@ -9,6 +9,7 @@
 #include "compiler/cpu.h"
 #include "compiler/lower.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <llvm-c/Core.h>
 #include <stdlib.h>
@@ -19,7 +20,25 @@
 struct kiln_compiler {
 	cpu_target_t cpu;
 	char fingerprint[160];
+	char blas[256]; /* "" when no BLAS library is loadable */
 };
+
+/* The BLAS library kernels call for matrix products: KILN_BLAS (a path or
+ * soname; "none" disables), else OpenBLAS when it loads here. */
+static void probe_blas(kiln_compiler_t *c)
+{
+	const char *env = getenv("KILN_BLAS");
+	const char *cand = env != NULL ? env : "libopenblas.so.0";
+	c->blas[0] = '\0';
+	if (strcmp(cand, "none") == 0)
+		return;
+	void *h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL)
+		return;
+	if (dlsym(h, "cblas_sgemm") != NULL && dlsym(h, "cblas_dgemm") != NULL)
+		snprintf(c->blas, sizeof(c->blas), "%s", cand);
+	dlclose(h);
+}
 
 int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 		      char *err, size_t errlen)
@@ -39,11 +58,13 @@ int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 		free(c);
 		return rc;
 	}
+	probe_blas(c);
 	unsigned maj, min, pat;
 	LLVMGetVersion(&maj, &min, &pat);
 	snprintf(c->fingerprint, sizeof(c->fingerprint),
-		 "kiln/%s llvm/%u.%u.%u build/%s", KILN_VERSION_STRING, maj,
-		 min, pat, KILN_BUILD_ID);
+		 "kiln/%s llvm/%u.%u.%u build/%s blas/%s", KILN_VERSION_STRING,
+		 maj, min, pat, KILN_BUILD_ID,
+		 c->blas[0] ? "openblas" : "none");
 	*out = c;
 	return 0;
 }
@@ -623,6 +644,7 @@ static void cctx_init(cctx_t *c, kiln_compiler_t *kc, const kiln_graph_t *g,
 	const char *nf = getenv("KILN_NOFUSE");
 	c->nofuse = nf != NULL && nf[0] == '1';
 	c->hint_default = 64;
+	c->blas = kc->blas[0] ? kc->blas : NULL;
 }
 
 static void cctx_free(cctx_t *c)

@@ -94,6 +94,10 @@ const sx_t *sxf(cctx_t *c, double v, kiln_dtype_t dt);
 
 bool kiln__op_supported(const char *name);
 
+/* P = A @ B (2-d, or 3-d batched) through a gemm compute node; half
+ * types are computed in f32 and P is f32 then (ops_gemm.c). */
+int lgemm(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t dt, lt_t **out);
+
 /* gelu of a float scalar expression (ops_pointwise.c). */
 const sx_t *sx_gelu(cctx_t *c, const sx_t *x, bool tanh_approx);
 

@@ -252,7 +252,7 @@ static int try_join(cctx_t *c, kernel_t *k, uint32_t ni, bool *joined)
 {
 	cnode_t *n = &c->nodes[ni];
 	*joined = false;
-	if (k->n_members >= MAX_MEMBERS || k->is_fallback)
+	if (k->n_members >= MAX_MEMBERS || k->is_fallback || k->is_gemm)
 		return 0;
 	role_t role;
 	const kiln_expr_t *vmap[CIR_MAX_RANK];
@@ -426,6 +426,22 @@ int sched_graph(cctx_t *c)
 {
 	for (uint32_t ni = 0; ni < c->n_nodes; ni++) {
 		cnode_t *n = &c->nodes[ni];
+		if (n->gemm) {
+			kernel_t *k;
+			int rc = new_kernel(c, n, &k);
+			if (rc != 0)
+				return rc;
+			k->is_gemm = true;
+			k->is_row = false;
+			rc = add_member(c, k, ni, ROLE_FULL, n->body, NULL);
+			if (rc != 0)
+				return rc;
+			int32_t ki = (int32_t)(k - c->kernels);
+			sched_mark_fallback_input(c, n->ga->buf, ki);
+			sched_mark_fallback_input(c, n->gb->buf, ki);
+			c->bufs[n->buf].in_memory = true;
+			continue;
+		}
 		if (n->fallback) {
 			kernel_t *k;
 			int rc = new_kernel(c, n, &k);
@@ -468,7 +484,7 @@ int sched_graph(cctx_t *c)
 				       "scheduler: node %u fits no kernel", ni);
 	}
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++)
-		if (!c->kernels[ki].is_fallback)
+		if (!c->kernels[ki].is_fallback && !c->kernels[ki].is_gemm)
 			make_passes(c, &c->kernels[ki]);
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
 		kernel_t *k = &c->kernels[ki];
@@ -574,6 +590,27 @@ char *sched_report(cctx_t *c)
 				  "%s: fallback step <- node %d %s (run by "
 				  "torch)\n",
 				  k->name, n->node, c->g->nodes[n->node].op);
+			continue;
+		}
+		if (k->is_gemm) {
+			const cnode_t *n = &c->nodes[k->members[0].node];
+			const lt_t *a = n->ga, *b = n->gb;
+			uint32_t r = a->rank;
+			sb_printf(&s, "%s: matmul via BLAS %s ", k->name,
+				  c->bufs[n->buf].dtype == KILN_DT_F64
+				      ? "dgemm"
+				      : "sgemm");
+			sb_dims(c, &s, n->frank, n->fsizes, 0);
+			sb_printf(&s, " K=");
+			sb_dims(c, &s, 1, &a->sizes[r - 1], 0);
+			sb_printf(&s, ", A %s, B %s, buf%u%s  <- node %d %s\n",
+				  dim_is(a->strides[r - 1], 1) ? "row-major"
+							       : "transposed",
+				  dim_is(b->strides[r - 1], 1) ? "row-major"
+							       : "transposed",
+				  n->buf,
+				  c->bufs[n->buf].is_output ? " (output)" : "",
+				  n->node, c->g->nodes[n->node].op);
 			continue;
 		}
 		sb_printf(&s, "%s: %s ", k->name,

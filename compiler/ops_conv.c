@@ -1,0 +1,400 @@
+/*
+ * ops_conv.c — convolution (1-d and 2-d, stride, padding, dilation,
+ * groups) and its backward.
+ *
+ * Forward, two templates:
+ *   im2col + GEMM (the general case): col[n·g, (cg,kh,kw), (oh,ow)] =
+ *     x[n, g·Cg + cg, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw] (0 outside)
+ *     is materialized, then out[n·g] = W[g] @ col[n·g] through BLAS; the
+ *     bias, and the eval batch_norm / relu / residual add that follow in the
+ *     graph, fuse into one pointwise kernel after it.
+ *   direct (depthwise and other convolutions with Cg·KH·KW <= 32): a
+ *     reduction over (cg, kh, kw) of x·w, vectorized across output columns.
+ * Backward (output_mask decides which):
+ *   grad_bias   = Σ_{n,oh,ow} gO
+ *   grad_input  = Σ_{o in group, kh, kw} gO[n, o, oh, ow] · w[o, c - g·Cg, kh,
+ * kw] with oh = (h + ph - kh·dh) / sh when exact and in range grad_weight =
+ * Σ_{n,oh,ow} gO[n, o, oh, ow] · x[n, g·Cg + cg, ih, iw] as reductions over
+ * virtual higher-rank tensors. Transposed convolution is not lowered (a
+ * fallback step).
+ */
+#include "compiler/ops.h"
+
+#include <errno.h>
+#include <string.h>
+
+typedef struct conv {
+	uint32_t nd; /* spatial dims: 1 or 2 */
+	int64_t s[2], p[2], d[2];
+	int64_t groups;
+} conv_t;
+
+static int conv_params(lnode_t *n, uint32_t first, uint32_t nd, conv_t *cv)
+{
+	int64_t v[4];
+	uint32_t k;
+	memset(cv, 0, sizeof(*cv));
+	cv->nd = nd;
+	static const char *const names[3] = {"stride", "padding", "dilation"};
+	for (int i = 0; i < 3; i++) {
+		int rc = lintlist(n, first + (uint32_t)i, names[i], v, &k, 4);
+		if (rc != 0)
+			return rc;
+		int64_t *dst = i == 0 ? cv->s : i == 1 ? cv->p : cv->d;
+		for (uint32_t j = 0; j < nd; j++)
+			dst[j] = k == 0	  ? (i == 1 ? 0 : 1)
+				 : k == 1 ? v[0]
+					  : (j < k ? v[j] : v[k - 1]);
+		for (uint32_t j = 0; j < nd; j++)
+			if ((i != 1 && dst[j] < 1) || (i == 1 && dst[j] < 0))
+				return lerr(n, KILN_EINVGRAPH,
+					    "%s must be positive", names[i]);
+	}
+	bool transposed;
+	int rc = lbool(n, first + 3, "transposed", false, &transposed);
+	if (rc == 0)
+		rc = lint(n, first + 5, "groups", 1, &cv->groups);
+	if (rc != 0)
+		return rc;
+	if (transposed)
+		return lerr(n, KILN_EUNSUPOP,
+			    "transposed convolution is not lowered");
+	if (cv->groups < 1)
+		return lerr(n, KILN_EINVGRAPH, "groups must be >= 1");
+	return 0;
+}
+
+/* 1-d tensors get a unit H dim so everything below is 2-d. */
+static lt_t *as2d(cctx_t *c, lt_t *t)
+{
+	return t->rank == 3 ? lt_unsqueeze(c, t, 2) : t;
+}
+
+/* x[n, ch, ih, iw] with ih/iw from output and kernel positions; guarded. */
+static const sx_t *xin(cctx_t *c, const lt_t *x, const kiln_expr_t *n,
+		       const kiln_expr_t *ch, const kiln_expr_t *ih,
+		       const kiln_expr_t *iw)
+{
+	const kiln_expr_t *idx[4] = {n, ch, ih, iw};
+	const sx_t *ok = NULL;
+	for (int k = 2; k < 4; k++) {
+		const sx_t *v = sx_index(c, idx[k]);
+		const sx_t *in = sx_bin(
+		    c, OP_AND,
+		    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+		    sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, x->sizes[k]))));
+		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
+	}
+	const sx_t *val = sx_guard(c, lt_at(c, x, idx), ok);
+	return sx_where(c, ok, val, sxf(c, 0, x->dtype));
+}
+
+#define IC(v) ix_const(c, (v))
+#define IV(k) ix_var(c, (k))
+
+int low_convolution(cctx_t *c, lnode_t *n)
+{
+	lt_t *x0, *w0, *b;
+	int rc = ltensor(n, 0, "input", &x0);
+	if (rc == 0)
+		rc = ltensor(n, 1, "weight", &w0);
+	if (rc == 0)
+		rc = ltensor_opt(n, 2, "bias", &b);
+	if (rc != 0)
+		return rc;
+	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank)
+		return lerr(n, KILN_EUNSUPOP,
+			    "only 1-d and 2-d convolutions are lowered");
+	conv_t cv;
+	rc = conv_params(n, 3, x0->rank - 2, &cv);
+	if (rc != 0)
+		return rc;
+	lt_t *x = as2d(c, x0), *w = as2d(c, w0);
+	if (cv.nd == 1) {
+		cv.s[1] = cv.s[0], cv.p[1] = cv.p[0], cv.d[1] = cv.d[0];
+		cv.s[0] = 1, cv.p[0] = 0, cv.d[0] = 1;
+	}
+	for (int k = 0; k < 4; k++)
+		if (x->sizes[k].e != NULL || w->sizes[k].e != NULL)
+			return lerr(n, KILN_EUNSUPOP,
+				    "symbolic convolution shapes are not "
+				    "lowered");
+	int64_t N = x->sizes[0].c, C = x->sizes[1].c, H = x->sizes[2].c,
+		W = x->sizes[3].c;
+	int64_t O = w->sizes[0].c, Cg = w->sizes[1].c, KH = w->sizes[2].c,
+		KW = w->sizes[3].c, G = cv.groups;
+	if (C != Cg * G || O % G != 0)
+		return lerr(
+		    n, KILN_EINVGRAPH,
+		    "channels %lld do not match weight [%lld, %lld, ..] "
+		    "with %lld groups",
+		    (long long)C, (long long)O, (long long)Cg, (long long)G);
+	int64_t OH = (H + 2 * cv.p[0] - cv.d[0] * (KH - 1) - 1) / cv.s[0] + 1;
+	int64_t OW = (W + 2 * cv.p[1] - cv.d[1] * (KW - 1) - 1) / cv.s[1] + 1;
+	if (OH <= 0 || OW <= 0)
+		return lerr(n, KILN_EINVGRAPH,
+			    "the kernel is larger than the "
+			    "padded input");
+	kiln_dtype_t odt = lout(n, 0) ? lout(n, 0)->dtype : x->dtype;
+	kiln_dtype_t acc = compute_dtype(odt);
+	int64_t Og = O / G, CKK = Cg * KH * KW;
+	lt_t *y; /* [N, O, OH, OW] */
+	if (CKK <= 32 || c->blas == NULL ||
+	    (acc != KILN_DT_F32 && acc != KILN_DT_F64)) {
+		/* direct: full space [N, O, Cg, KH, KW, OH, OW] */
+		kiln_dim_t fs[7] = {dim_const(N),  dim_const(O),  dim_const(Cg),
+				    dim_const(KH), dim_const(KW), dim_const(OH),
+				    dim_const(OW)};
+		const kiln_expr_t *ch = ix_add(
+		    c, ix_mul(c, ix_floordiv(c, IV(1), IC(Og)), IC(Cg)), IV(2));
+		const kiln_expr_t *ih = ix_add(
+		    c, ix_mul(c, IV(5), IC(cv.s[0])),
+		    ix_sub(c, ix_mul(c, IV(3), IC(cv.d[0])), IC(cv.p[0])));
+		const kiln_expr_t *iw = ix_add(
+		    c, ix_mul(c, IV(6), IC(cv.s[1])),
+		    ix_sub(c, ix_mul(c, IV(4), IC(cv.d[1])), IC(cv.p[1])));
+		const kiln_expr_t *wi[4] = {IV(1), IV(2), IV(3), IV(4)};
+		const sx_t *body = sx_bin(
+		    c, OP_MUL, sx_cast(c, xin(c, x, IV(0), ch, ih, iw), acc),
+		    sx_cast(c, lt_at(c, w, wi), acc));
+		lt_t *full = lt_fn(c, acc, 7, fs, body);
+		if (full == NULL)
+			return -ENOMEM;
+		rc = lred(n, full, (1u << 2) | (1u << 3) | (1u << 4), false,
+			  RED_SUM, acc, &y);
+		if (rc != 0)
+			return rc;
+	} else {
+		/* im2col: [N·G, Cg, KH, KW, OH, OW], realized contiguous */
+		kiln_dim_t cs[6] = {dim_const(N * G), dim_const(Cg),
+				    dim_const(KH),    dim_const(KW),
+				    dim_const(OH),    dim_const(OW)};
+		const kiln_expr_t *nn = ix_floordiv(c, IV(0), IC(G));
+		const kiln_expr_t *ch = ix_add(
+		    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Cg)), IV(1));
+		const kiln_expr_t *ih = ix_add(
+		    c, ix_mul(c, IV(4), IC(cv.s[0])),
+		    ix_sub(c, ix_mul(c, IV(2), IC(cv.d[0])), IC(cv.p[0])));
+		const kiln_expr_t *iw = ix_add(
+		    c, ix_mul(c, IV(5), IC(cv.s[1])),
+		    ix_sub(c, ix_mul(c, IV(3), IC(cv.d[1])), IC(cv.p[1])));
+		lt_t *col = lt_fn(c, acc, 6, cs,
+				  sx_cast(c, xin(c, x, nn, ch, ih, iw), acc));
+		if (col == NULL)
+			return -ENOMEM;
+		rc = lt_realize(c, col, (int32_t)n->index, &col);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t c3[3] = {dim_const(N * G), dim_const(CKK),
+				    dim_const(OH * OW)};
+		lt_t *col3 = lt_reshape(c, col, 3, c3);
+		/* weights as [N·G, Og, CKK]: a stride-0 view when G == 1,
+		 * else one copy per image */
+		lt_t *wa = w;
+		if (wa->dtype != acc)
+			wa = lt_fn(c, acc, 4, w->sizes,
+				   sx_cast(c, lt_body(c, w), acc));
+		if (wa == NULL)
+			return -ENOMEM;
+		lt_t *w3;
+		if (G == 1) {
+			kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+			lt_t *wv = lt_reshape(c, wa, 2, w2);
+			kiln_dim_t e3[3] = {dim_const(N), dim_const(O),
+					    dim_const(CKK)};
+			w3 = wv ? lt_expand(c, wv, 3, e3) : NULL;
+			if (w3 != NULL && !w3->is_buf) {
+				rc = lt_realize(c, w3, (int32_t)n->index, &w3);
+				if (rc != 0)
+					return rc;
+			}
+		} else {
+			kiln_dim_t e3[3] = {dim_const(N * G), dim_const(Og),
+					    dim_const(CKK)};
+			const kiln_expr_t *o = ix_add(
+			    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Og)),
+			    IV(1));
+			const kiln_expr_t *wi[4] = {
+			    o, ix_floordiv(c, IV(2), IC(KH * KW)),
+			    ix_mod(c, ix_floordiv(c, IV(2), IC(KW)), IC(KH)),
+			    ix_mod(c, IV(2), IC(KW))};
+			w3 = lt_fn(c, acc, 3, e3, lt_at(c, wa, wi));
+			if (w3 == NULL)
+				return -ENOMEM;
+			rc = lt_realize(c, w3, (int32_t)n->index, &w3);
+			if (rc != 0)
+				return rc;
+		}
+		if (w3 == NULL || col3 == NULL)
+			return -ENOMEM;
+		lt_t *o3;
+		rc = lgemm(n, w3, col3, acc, &o3);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t o4[4] = {dim_const(N), dim_const(O), dim_const(OH),
+				    dim_const(OW)};
+		y = lt_reshape(c, o3, 4, o4);
+		if (y == NULL)
+			return -ENOMEM;
+	}
+	if (b != NULL) {
+		const kiln_expr_t *bi[1] = {IV(1)};
+		y = lt_fn(c, acc, 4, y->sizes,
+			  sx_bin(c, OP_ADD, lt_body(c, y),
+				 sx_cast(c, lt_at(c, b, bi), acc)));
+		if (y == NULL)
+			return -ENOMEM;
+	}
+	if (cv.nd == 1)
+		y = lt_squeeze_dim(c, y, 2);
+	return lset(n, 0, y);
+}
+
+int low_convolution_backward(cctx_t *c, lnode_t *n)
+{
+	lt_t *go0, *x0, *w0;
+	int rc = ltensor(n, 0, "grad_output", &go0);
+	if (rc == 0)
+		rc = ltensor(n, 1, "input", &x0);
+	if (rc == 0)
+		rc = ltensor(n, 2, "weight", &w0);
+	if (rc != 0)
+		return rc;
+	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank ||
+	    go0->rank != x0->rank)
+		return lerr(n, KILN_EUNSUPOP,
+			    "only 1-d and 2-d convolutions are lowered");
+	conv_t cv;
+	rc = conv_params(n, 4, x0->rank - 2, &cv);
+	if (rc != 0)
+		return rc;
+	const kiln_arg_t *om = larg(n, 10, "output_mask");
+	bool mask[3] = {true, true, true};
+	if (om != NULL && om->kind == KILN_ARG_LIST && om->n == 3)
+		for (uint32_t i = 0; i < 3; i++)
+			mask[i] = om->u.list[i].kind == KILN_ARG_BOOL &&
+				  om->u.list[i].u.b;
+	lt_t *x = as2d(c, x0), *w = as2d(c, w0), *go = as2d(c, go0);
+	if (cv.nd == 1) {
+		cv.s[1] = cv.s[0], cv.p[1] = cv.p[0], cv.d[1] = cv.d[0];
+		cv.s[0] = 1, cv.p[0] = 0, cv.d[0] = 1;
+	}
+	for (int k = 0; k < 4; k++)
+		if (x->sizes[k].e || w->sizes[k].e || go->sizes[k].e)
+			return lerr(n, KILN_EUNSUPOP,
+				    "symbolic convolution shapes are not "
+				    "lowered");
+	int64_t N = x->sizes[0].c, C = x->sizes[1].c, H = x->sizes[2].c,
+		W = x->sizes[3].c;
+	int64_t O = w->sizes[0].c, Cg = w->sizes[1].c, KH = w->sizes[2].c,
+		KW = w->sizes[3].c, G = cv.groups;
+	int64_t OH = go->sizes[2].c, OW = go->sizes[3].c;
+	if (C != Cg * G || O % G != 0 || go->sizes[1].c != O ||
+	    go->sizes[0].c != N)
+		return lerr(n, KILN_EINVGRAPH,
+			    "grad_output, input and weight shapes disagree");
+	int64_t Og = O / G;
+	kiln_dtype_t odt = lout(n, 1) ? lout(n, 1)->dtype : x->dtype;
+	kiln_dtype_t acc = compute_dtype(odt);
+	if (mask[0]) {
+		/* gI over [N, C, Og, KH, KW, H, W], reduce (Og, KH, KW) */
+		kiln_dim_t fs[7] = {dim_const(N),  dim_const(C),  dim_const(Og),
+				    dim_const(KH), dim_const(KW), dim_const(H),
+				    dim_const(W)};
+		const kiln_expr_t *o = ix_add(
+		    c, ix_mul(c, ix_floordiv(c, IV(1), IC(Cg)), IC(Og)), IV(2));
+		/* oh·sh = h + ph - kh·dh */
+		const kiln_expr_t *th = ix_sub(c, ix_add(c, IV(5), IC(cv.p[0])),
+					       ix_mul(c, IV(3), IC(cv.d[0])));
+		const kiln_expr_t *tw = ix_sub(c, ix_add(c, IV(6), IC(cv.p[1])),
+					       ix_mul(c, IV(4), IC(cv.d[1])));
+		const kiln_expr_t *oh = ix_floordiv(c, th, IC(cv.s[0]));
+		const kiln_expr_t *ow = ix_floordiv(c, tw, IC(cv.s[1]));
+		const sx_t *ok = NULL;
+		const kiln_expr_t *tt[2] = {th, tw}, *oo[2] = {oh, ow};
+		int64_t lim[2] = {OH, OW}, st[2] = {cv.s[0], cv.s[1]};
+		for (int k = 0; k < 2; k++) {
+			const sx_t *v = sx_index(c, tt[k]);
+			const sx_t *in = sx_bin(
+			    c, OP_AND,
+			    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+			    sx_bin(c, OP_LT, sx_index(c, oo[k]),
+				   sx_consti(c, lim[k], KILN_DT_I64)));
+			if (st[k] > 1)
+				in = sx_bin(
+				    c, OP_AND, in,
+				    sx_bin(c, OP_EQ,
+					   sx_index(
+					       c, ix_mod(c, tt[k], IC(st[k]))),
+					   sx_consti(c, 0, KILN_DT_I64)));
+			ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
+		}
+		const kiln_expr_t *gi[4] = {IV(0), o, oh, ow};
+		const kiln_expr_t *wi[4] = {o, ix_mod(c, IV(1), IC(Cg)), IV(3),
+					    IV(4)};
+		const sx_t *g =
+		    sx_guard(c, sx_cast(c, lt_at(c, go, gi), acc), ok);
+		const sx_t *body = sx_where(
+		    c, ok,
+		    sx_bin(c, OP_MUL, g, sx_cast(c, lt_at(c, w, wi), acc)),
+		    sxf(c, 0, acc));
+		lt_t *full = lt_fn(c, acc, 7, fs, body), *gx;
+		if (full == NULL)
+			return -ENOMEM;
+		rc = lred(n, full, (1u << 2) | (1u << 3) | (1u << 4), false,
+			  RED_SUM, acc, &gx);
+		if (rc != 0)
+			return rc;
+		if (cv.nd == 1)
+			gx = lt_squeeze_dim(c, gx, 2);
+		rc = lset(n, 0, gx);
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[1] && n->n->n_out > 1) {
+		/* gW over [O, Cg, KH, KW, N, OH, OW], reduce (N, OH, OW) */
+		kiln_dim_t fs[7] = {dim_const(O),  dim_const(Cg), dim_const(KH),
+				    dim_const(KW), dim_const(N),  dim_const(OH),
+				    dim_const(OW)};
+		const kiln_expr_t *ch = ix_add(
+		    c, ix_mul(c, ix_floordiv(c, IV(0), IC(Og)), IC(Cg)), IV(1));
+		const kiln_expr_t *ih = ix_add(
+		    c, ix_mul(c, IV(5), IC(cv.s[0])),
+		    ix_sub(c, ix_mul(c, IV(2), IC(cv.d[0])), IC(cv.p[0])));
+		const kiln_expr_t *iw = ix_add(
+		    c, ix_mul(c, IV(6), IC(cv.s[1])),
+		    ix_sub(c, ix_mul(c, IV(3), IC(cv.d[1])), IC(cv.p[1])));
+		const kiln_expr_t *gi[4] = {IV(4), IV(0), IV(5), IV(6)};
+		const sx_t *body =
+		    sx_bin(c, OP_MUL, sx_cast(c, lt_at(c, go, gi), acc),
+			   sx_cast(c, xin(c, x, IV(4), ch, ih, iw), acc));
+		lt_t *full = lt_fn(c, acc, 7, fs, body), *gw;
+		if (full == NULL)
+			return -ENOMEM;
+		rc = lred(n, full, (1u << 4) | (1u << 5) | (1u << 6), false,
+			  RED_SUM, acc, &gw);
+		if (rc != 0)
+			return rc;
+		if (cv.nd == 1)
+			gw = lt_squeeze_dim(c, gw, 2);
+		rc = lset(n, 1, gw);
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[2] && n->n->n_out > 2) {
+		lt_t *gb;
+		lt_t *g = go->dtype == acc
+			      ? go
+			      : lt_fn(c, acc, 4, go->sizes,
+				      sx_cast(c, lt_body(c, go), acc));
+		if (g == NULL)
+			return -ENOMEM;
+		rc = lred(n, g, 1u | (1u << 2) | (1u << 3), false, RED_SUM, acc,
+			  &gb);
+		if (rc == 0)
+			rc = lset(n, 2, gb);
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}

@@ -1,0 +1,182 @@
+/*
+ * ops_gemm.c — matrix products: mm, bmm, addmm, baddbmm.
+ *
+ * A product becomes a gemm compute node, P[b, m, n] = sum_k A[b,m,k] *
+ * B[b,k,n], over strided views of two buffers (a transposed weight is just
+ * a view: BLAS reads it as "transposed", no copy). The kernel it gets calls
+ * a BLAS sgemm/dgemm on row blocks in parallel (codegen.c); addmm's
+ * beta*bias + alpha*P, and whatever pointwise ops follow, fuse into the
+ * next kernel as its prologue.
+ *
+ * Without a BLAS library on the compiling machine, or for a dtype BLAS has
+ * no routine for (f16, bf16, ints), the product is an unsupported variant:
+ * a fallback step.
+ */
+#include "compiler/ops.h"
+
+#include <errno.h>
+#include <string.h>
+
+static kiln_dtype_t decl_dt(lnode_t *n, kiln_dtype_t fallback)
+{
+	const kiln_value_t *v = lout(n, 0);
+	return v != NULL && v->kind == KILN_VAL_TENSOR ? v->dtype : fallback;
+}
+
+/* A BLAS can read a matrix view whose last or second-to-last dim has unit
+ * stride (the other being the leading dimension). */
+static bool blas_layout(const lt_t *t)
+{
+	uint32_t r = t->rank;
+	if (!t->is_buf || r < 2)
+		return false;
+	bool row = dim_is(t->strides[r - 1], 1) || dim_is(t->sizes[r - 1], 1);
+	bool col = dim_is(t->strides[r - 2], 1) || dim_is(t->sizes[r - 2], 1);
+	return row || col;
+}
+
+/* Makes t a buffer view BLAS can read (a contiguous copy when not). */
+static int blas_operand(lnode_t *n, lt_t *t, lt_t **out)
+{
+	if (blas_layout(t)) {
+		*out = t;
+		return 0;
+	}
+	lt_t *u = lt_fn(n->c, t->dtype, t->rank, t->sizes, lt_body(n->c, t));
+	if (u == NULL)
+		return -ENOMEM;
+	return lt_realize(n->c, u, (int32_t)n->index, out);
+}
+
+/* P = A @ B over the trailing two dims (batched when rank 3). */
+int lgemm(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t dt, lt_t **out)
+{
+	cctx_t *c = n->c;
+	if (c->blas == NULL)
+		return lerr(n, KILN_EUNSUPOP,
+			    "no BLAS library on the compiling machine");
+	if (dt == KILN_DT_F16 || dt == KILN_DT_BF16) {
+		/* half types: operands widened to f32 (one copy each), the
+		 * product in f32, rounded when stored, as torch's CPU path */
+		if (a->dtype != dt || b->dtype != dt)
+			return lerr(n, KILN_EINVGRAPH,
+				    "matmul operands must have the result "
+				    "dtype %s",
+				    kiln_dtype_name(dt));
+		lt_t *a32 = lt_fn(c, KILN_DT_F32, a->rank, a->sizes,
+				  sx_cast(c, lt_body(c, a), KILN_DT_F32));
+		lt_t *b32 = lt_fn(c, KILN_DT_F32, b->rank, b->sizes,
+				  sx_cast(c, lt_body(c, b), KILN_DT_F32));
+		if (a32 == NULL || b32 == NULL)
+			return -ENOMEM;
+		int rc = lt_realize(c, a32, (int32_t)n->index, &a);
+		if (rc == 0)
+			rc = lt_realize(c, b32, (int32_t)n->index, &b);
+		if (rc != 0)
+			return rc;
+		dt = KILN_DT_F32;
+	}
+	if (dt != KILN_DT_F32 && dt != KILN_DT_F64)
+		return lerr(n, KILN_EUNSUPOP,
+			    "matmul in %s has no BLAS routine",
+			    kiln_dtype_name(dt));
+	if (a->rank != b->rank || (a->rank != 2 && a->rank != 3))
+		return lerr(
+		    n, KILN_EINVGRAPH,
+		    "matmul operands must both be 2-d (mm) or 3-d (bmm)");
+	if (a->dtype != dt || b->dtype != dt)
+		return lerr(n, KILN_EINVGRAPH,
+			    "matmul operands must have the result dtype %s",
+			    kiln_dtype_name(dt));
+	uint32_t r = a->rank;
+	if (!dim_eq(a->sizes[r - 1], b->sizes[r - 2]))
+		return lerr(n, KILN_EINVGRAPH,
+			    "inner dimensions differ: [.., K] @ [K', ..]");
+	if (r == 3 && !dim_eq(a->sizes[0], b->sizes[0]))
+		return lerr(n, KILN_EINVGRAPH, "batch sizes differ");
+	int rc = blas_operand(n, a, &a);
+	if (rc == 0)
+		rc = blas_operand(n, b, &b);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t sz[3];
+	uint32_t orank = r;
+	if (r == 3)
+		sz[0] = a->sizes[0];
+	sz[r - 2] = a->sizes[r - 2];
+	sz[r - 1] = b->sizes[r - 1];
+	uint32_t buf = new_buf(c, CB_TEMP, dt, orank, sz);
+	int32_t ni = new_cnode(c);
+	if (buf == UINT32_MAX || ni < 0)
+		return -ENOMEM;
+	cnode_t *cn = &c->nodes[ni];
+	cn->buf = buf;
+	cn->gemm = true;
+	cn->ga = a;
+	cn->gb = b;
+	cn->node = (int32_t)n->index;
+	cn->frank = orank;
+	for (uint32_t i = 0; i < orank; i++)
+		cn->fsizes[i] = sz[i];
+	cn->body = sx_consti(c, 0, KILN_DT_I64); /* no element body */
+	if (cn->body == NULL)
+		return -ENOMEM;
+	c->bufs[buf].producer = ni;
+	*out = lt_buf(c, buf);
+	return *out ? 0 : -ENOMEM;
+}
+
+/* mm(self, mat2), bmm(self, mat2) */
+int low_mm(cctx_t *c, lnode_t *n)
+{
+	(void)c;
+	lt_t *a, *b, *p;
+	int rc = ltensor(n, 0, "self", &a);
+	if (rc == 0)
+		rc = ltensor(n, 1, "mat2", &b);
+	if (rc != 0)
+		return rc;
+	rc = lgemm(n, a, b, decl_dt(n, a->dtype), &p);
+	if (rc != 0)
+		return rc;
+	return lset(n, 0, p);
+}
+
+/* addmm(self, mat1, mat2, beta, alpha) = beta*self + alpha*(mat1 @ mat2);
+ * baddbmm likewise over batches. The sum is a lazy epilogue. */
+int low_addmm(cctx_t *c, lnode_t *n)
+{
+	lt_t *bias, *a, *b, *p;
+	double beta, alpha;
+	int rc = ltensor(n, 0, "self", &bias);
+	if (rc == 0)
+		rc = ltensor(n, 1, n->param ? "batch1" : "mat1", &a);
+	if (rc == 0)
+		rc = ltensor(n, 2, n->param ? "batch2" : "mat2", &b);
+	if (rc == 0)
+		rc = lfloat(n, 3, "beta", 1.0, &beta);
+	if (rc == 0)
+		rc = lfloat(n, 4, "alpha", 1.0, &alpha);
+	if (rc != 0)
+		return rc;
+	kiln_dtype_t dt = decl_dt(n, a->dtype);
+	rc = lgemm(n, a, b, dt, &p);
+	if (rc != 0)
+		return rc;
+	dt = p->dtype; /* f32 for half types: the epilogue computes in it */
+	operand_t ops[2] = {{NULL, bias}, {NULL, p}};
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lbroadcast(n, ops, 2, &rank, sizes);
+	if (rc != 0)
+		return rc;
+	const sx_t *pb = lt_body(c, p);
+	const sx_t *bb = sx_cast(c, lt_bcast_body(c, bias, rank, sizes), dt);
+	if (alpha != 1.0)
+		pb = sx_bin(c, OP_MUL, pb, sxf(c, alpha, dt));
+	if (beta == 0.0)
+		return lset(n, 0, lt_fn(c, dt, rank, sizes, pb));
+	if (beta != 1.0)
+		bb = sx_bin(c, OP_MUL, bb, sxf(c, beta, dt));
+	return lset(n, 0, lt_fn(c, dt, rank, sizes, sx_bin(c, OP_ADD, bb, pb)));
+}

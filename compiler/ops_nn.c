@@ -905,7 +905,7 @@ static const kiln_expr_t *form_ix(cctx_t *c, const uparams_t *p, int64_t a,
 static bool find_form(const uparams_t *p, bool f32, double s, int64_t in,
 		      int64_t out, int64_t *pa, int64_t *pd)
 {
-	if (getenv("NN_DYN") || out > (1 << 16) || in > (1 << 24))
+	if (out > (1 << 16) || in > (1 << 24))
 		return false;
 	int64_t *tab = malloc((size_t)out * sizeof(*tab));
 	if (tab == NULL)

@@ -1785,15 +1785,24 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	    LLVMConstInt(g->i64, GEMM_MB, 0), "");
 	nmb = imax(g, nmb, one);
 	LLVMValueRef fn = blas_fn(g, f64);
+	/* one BLAS call per batch for the whole [begin, end) range of row
+	 * blocks a task gets (a call per 64-row block would repack B each
+	 * time) */
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
 	LLVMValueRef bi = LLVMBuildUDiv(g->b, U.i, nmb, "");
-	LLVMValueRef m0 = LLVMBuildMul(g->b, LLVMBuildURem(g->b, U.i, nmb, ""),
-				       LLVMConstInt(g->i64, GEMM_MB, 0), "");
-	LLVMValueRef rows = LLVMBuildSub(g->b, M, m0, "");
-	LLVMValueRef mb = LLVMConstInt(g->i64, GEMM_MB, 0);
-	rows = LLVMBuildSelect(
-	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, rows, mb, ""), rows, mb, "");
+	LLVMValueRef bstart = LLVMBuildMul(g->b, bi, nmb, "");
+	LLVMValueRef bend = LLVMBuildAdd(g->b, bstart, nmb, "");
+	LLVMValueRef last = LLVMBuildSelect(
+	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, end, bend, ""), end, bend, "");
+	LLVMValueRef mbk = LLVMConstInt(g->i64, GEMM_MB, 0);
+	LLVMValueRef m0 =
+	    LLVMBuildMul(g->b, LLVMBuildSub(g->b, U.i, bstart, ""), mbk, "");
+	LLVMValueRef m1 =
+	    LLVMBuildMul(g->b, LLVMBuildSub(g->b, last, bstart, ""), mbk, "");
+	m1 = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, m1, M, ""), m1,
+			     M, "");
+	LLVMValueRef rows = LLVMBuildSub(g->b, m1, m0, "");
 	LLVMValueRef aoff =
 	    LLVMBuildAdd(g->b, offa,
 			 LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, sab, ""),
@@ -1857,7 +1866,11 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
 	LLVMBuildBr(g->b, skip);
 	LLVMPositionBuilderAtEnd(g->b, skip);
-	loop_end(g, &U);
+	/* next: the first block of the next batch (or the end) */
+	LLVMBuildStore(g->b, last, U.iv);
+	LLVMBuildBr(g->b, U.cond);
+	LLVMPositionBuilderAtEnd(g->b, U.exit);
+	memo_clear(g);
 }
 
 static void gemm_extent(cctx_t *c, kernel_t *k)

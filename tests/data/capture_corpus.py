@@ -474,6 +474,21 @@ def model_vit():
     return m, (_prng_input(8, (2, 3, 32, 32)),), False, ()
 
 
+def model_mobilenet_v2():
+    import torchvision
+    torch.manual_seed(0)
+    m = torchvision.models.mobilenet_v2(weights=None, width_mult=0.5).eval()
+    return m, (_prng_input(9, (1, 3, 64, 64)),), False, ()
+
+
+def model_efficientnet():
+    import timm
+    torch.manual_seed(0)
+    m = timm.create_model("efficientnet_b0", pretrained=False, num_classes=10,
+                          drop_rate=0.0, drop_path_rate=0.0).eval()
+    return m, (_prng_input(10, (1, 3, 64, 64)),), False, ()
+
+
 MODELS = {
     "mlp": model_mlp,
     "cnn": model_cnn,
@@ -483,6 +498,8 @@ MODELS = {
     "bert": model_bert,
     "vit": model_vit,
     "transformer_dyn": model_transformer_dyn,
+    "mobilenet_v2": model_mobilenet_v2,
+    "efficientnet": model_efficientnet,
 }
 
 

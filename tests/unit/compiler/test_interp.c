@@ -83,6 +83,7 @@ static const pname_t corpus[] = {
 	{"mlp_fwd"}, {"mlp_bwd"}, {"cnn_fwd"}, {"cnn_bwd"}, {"resnet18_fwd"},
 	{"transformer_layer_fwd"}, {"transformer_layer_bwd"}, {"gpt2_fwd"},
 	{"gpt2_bwd"}, {"bert_fwd"}, {"vit_fwd"}, {"transformer_dyn_fwd"},
+	{"mobilenet_v2_fwd"}, {"efficientnet_fwd"},
 };
 #define N_CORPUS (sizeof(corpus) / sizeof(corpus[0]))
 

@@ -48,10 +48,10 @@ typedef enum {
 	X(ABS)                                                                 \
 	X(EXP)                                                                 \
 	X(EXP2)                                                                \
-	X(LOG) X(LOG1P) X(LOG2) X(EXPM1) X(SQRT) X(RSQRT) X(RECIP) X(SIN)      \
-	    X(COS) X(TAN) X(TANH) X(SIGMOID) X(ERF) X(SIGN) X(FLOOR) X(CEIL)   \
-		X(ROUND) X(TRUNC) X(NOT) X(BITNOT) X(ISNAN)                    \
-		    X(ATAN) /* binary */                                       \
+	X(LOG)                                                                 \
+	X(LOG1P) X(LOG2) X(EXPM1) X(SQRT) X(RSQRT) X(RECIP) X(SIN) X(COS)      \
+	    X(TAN) X(TANH) X(SIGMOID) X(ERF) X(SIGN) X(FLOOR) X(CEIL) X(ROUND) \
+		X(TRUNC) X(NOT) X(BITNOT) X(ISNAN) X(ATAN) /* binary */        \
 	    X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD) \
 		X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT)    \
 		    X(GE) X(AND) X(OR) X(XOR) X(BITAND) X(BITOR) X(BITXOR)     \
@@ -115,15 +115,16 @@ typedef struct cbuf {
 	int32_t input;
 	int32_t producer;
 	/* filled by sched/memplan */
-	int32_t kernel;	    /* kernel computing it (TEMP) */
-	int32_t last_use;   /* last kernel that reads it from memory */
-	bool in_memory;	    /* must be stored */
-	bool ext_read;	    /* read outside its kernel (or by a fallback) */
-	bool row_local;	    /* lives in a per-row scratch of its kernel */
-	bool is_output;	    /* backs a graph output: an OUTPUT buffer */
-	int32_t out_index;  /* OUTPUT buffer number */
-	int32_t art_buf;    /* artifact buffer id */
-	uint32_t n_readers; /* cnodes loading it */
+	int32_t kernel;	     /* kernel computing it (TEMP) */
+	int32_t last_use;    /* last kernel that reads it from memory */
+	bool in_memory;	     /* must be stored */
+	bool ext_read;	     /* read outside its kernel (or by a fallback) */
+	bool row_local;	     /* lives in a per-row scratch of its kernel */
+	bool custom_strides; /* an output laid out as declared, not row-major */
+	bool is_output;	     /* backs a graph output: an OUTPUT buffer */
+	int32_t out_index;   /* OUTPUT buffer number */
+	int32_t art_buf;     /* artifact buffer id */
+	uint32_t n_readers;  /* cnodes loading it */
 } cbuf_t;
 
 typedef enum {

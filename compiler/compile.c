@@ -143,25 +143,37 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 			return cir_err(c, KILN_EINVGRAPH,
 				       "output %u: value %u is not a tensor", i,
 				       v);
-		bool alias_ok = false;
+		/* an output is a view of an input only when the graph made
+		 * it one (a view op); otherwise it is computed into a buffer
+		 * laid out with the declared strides (AOTAutograd and the
+		 * graphs that consume it, e.g. a backward, rely on them) */
+		bool input_view = false;
 		if (t->is_buf && c->bufs[t->buf].kind == CB_INPUT) {
 			int32_t p = g->values[v].producer;
-			alias_ok = p < 0 || is_view_op(g->nodes[p].op);
-		} else if (t->is_buf) {
-			alias_ok = true;
+			input_view = p < 0 || is_view_op(g->nodes[p].op);
 		}
-		if (!alias_ok) {
-			int rc = lt_realize(c, t, g->values[v].producer, &t);
-			if (rc != 0)
-				return rc;
-			if (t->is_buf && c->bufs[t->buf].kind == CB_INPUT) {
-				/* a clone of an input: copy */
+		if (!input_view) {
+			const kiln_value_t *dv = &g->values[v];
+			kiln_dim_t want[CIR_MAX_RANK];
+			for (uint32_t k = 0; k < dv->rank; k++)
+				want[k] = dim_of(ix_dim(c, dv->strides[k]));
+			bool same = t->is_buf &&
+				    c->bufs[t->buf].kind == CB_TEMP &&
+				    t->rank == dv->rank;
+			for (uint32_t k = 0; same && k < t->rank; k++)
+				same = dim_is(t->sizes[k], 1) ||
+				       dim_is(t->sizes[k], 0) ||
+				       dim_eq(t->strides[k], want[k]);
+			if (!same) {
 				const sx_t *b = lt_body(c, t);
 				uint32_t nb = new_buf(c, CB_TEMP, t->dtype,
 						      t->rank, t->sizes);
 				int32_t ni = new_cnode(c);
 				if (b == NULL || nb == UINT32_MAX || ni < 0)
 					return -ENOMEM;
+				for (uint32_t k = 0; k < t->rank; k++)
+					c->bufs[nb].strides[k] = want[k];
+				c->bufs[nb].custom_strides = true;
 				cnode_t *cn = &c->nodes[ni];
 				cn->buf = nb;
 				cn->frank = t->rank;
@@ -234,8 +246,22 @@ static int art_buffer(abuild_t *ab, uint32_t cb)
 	}
 	if (b->kind != CB_INPUT) {
 		const kiln_expr_t *n = ix_const(c, 1);
-		for (uint32_t k = 0; k < b->rank; k++)
-			n = ix_mul(c, n, ix_dim(c, b->sizes[k]));
+		if (b->custom_strides) {
+			/* the extent of the strided layout */
+			for (uint32_t k = 0; k < b->rank; k++)
+				n = ix_add(
+				    c, n,
+				    ix_mul(c,
+					   ix_sub(c, ix_dim(c, b->sizes[k]),
+						  ix_const(c, 1)),
+					   ix_dim(c, b->strides[k])));
+			for (uint32_t k = 0; k < b->rank; k++)
+				if (dim_is(b->sizes[k], 0))
+					n = ix_const(c, 0);
+		} else {
+			for (uint32_t k = 0; k < b->rank; k++)
+				n = ix_mul(c, n, ix_dim(c, b->sizes[k]));
+		}
 		n = ix_mul(c, n,
 			   ix_const(c, (int64_t)kiln_dtype_size(b->dtype)));
 		ob->bytes = copy_dim(a->arena, dim_of(n));

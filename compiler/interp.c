@@ -559,7 +559,7 @@ int kiln__i_operand(ictx_t *c, int pos, const char *name, it_t *t)
 				   argname(pos, name, nb, sizeof(nb)));
 	if (a->kind == KILN_ARG_REF && a->u.ref < c->g->n_values &&
 	    c->g->values[a->u.ref].kind == KILN_VAL_TENSOR) {
-		it_t *x;
+		it_t *x = NULL;
 		KI_TRY(ref_tensor(c, a, pos, name, &x));
 		kiln__i_ref(t, x);
 		return 0;

@@ -137,7 +137,7 @@ int low_sdpa(cctx_t *c, lnode_t *n)
 		return rc;
 	kiln_dtype_t odt = q->dtype;
 	kiln_dtype_t acc = compute_dtype(odt);
-	lt_t *q3, *k3, *v3, *s;
+	lt_t *q3 = NULL, *k3 = NULL, *v3 = NULL, *s = NULL;
 	rc = flat3(n, q, &q3);
 	if (rc == 0)
 		rc = flat3(n, k, &k3);
@@ -220,7 +220,8 @@ int low_sdpa_backward(cctx_t *c, lnode_t *n)
 	if (rc != 0)
 		return rc;
 	kiln_dtype_t acc = compute_dtype(q->dtype);
-	lt_t *q3, *k3, *v3, *go3, *o3, *s;
+	lt_t *q3 = NULL, *k3 = NULL, *v3 = NULL, *go3 = NULL, *o3 = NULL,
+	     *s = NULL;
 	rc = flat3(n, q, &q3);
 	if (rc == 0)
 		rc = flat3(n, k, &k3);

@@ -1151,7 +1151,7 @@ int low_nll_loss_backward(cctx_t *c, lnode_t *n)
 		return rc;
 	kiln_dtype_t odt = decl_dt(n, 0, x->dtype), acc = compute_dtype(odt);
 	uint32_t nr = x->rank - 1;
-	const sx_t *gv;
+	const sx_t *gv = NULL;
 	if (red == 0 && nr == 1) {
 		if (g->rank != 1 || !dim_eq(g->sizes[0], x->sizes[0]))
 			return lerr(n, KILN_EINVGRAPH,
@@ -1165,7 +1165,7 @@ int low_nll_loss_backward(cctx_t *c, lnode_t *n)
 	}
 	gv = sx_cast(c, gv, acc);
 	if (red == 1) {
-		const sx_t *twv;
+		const sx_t *twv = NULL;
 		rc = scalar_of(n, tw, "total_weight", &twv);
 		if (rc != 0)
 			return rc;

@@ -173,7 +173,7 @@ static int decode_head(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 
 static int decode_inputs(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 {
-	const msgpack_object *arr;
+	const msgpack_object *arr = NULL;
 	int rc = get_array(c, m, "inputs", c->lim->max_values, &arr);
 	if (rc != 0)
 		return rc;
@@ -208,7 +208,7 @@ static bool is_sym(const kiln_expr_t *e, uint32_t s)
 static int decode_bindings(dctx_t *c, const msgpack_object *m,
 			   kiln_artifact_t *a)
 {
-	const msgpack_object *arr;
+	const msgpack_object *arr = NULL;
 	int rc = get_array(c, m, "bindings", c->lim->max_symbols, &arr);
 	if (rc != 0)
 		return rc;
@@ -285,7 +285,7 @@ static int decode_bindings(dctx_t *c, const msgpack_object *m,
 static int decode_kernels(dctx_t *c, const msgpack_object *m,
 			  kiln_artifact_t *a)
 {
-	const msgpack_object *arr;
+	const msgpack_object *arr = NULL;
 	int rc = get_array(c, m, "kernels", c->lim->max_nodes, &arr);
 	if (rc != 0)
 		return rc;
@@ -349,7 +349,7 @@ static int decode_kernels(dctx_t *c, const msgpack_object *m,
 static int decode_buffers(dctx_t *c, const msgpack_object *m,
 			  kiln_artifact_t *a)
 {
-	const msgpack_object *arr;
+	const msgpack_object *arr = NULL;
 	int rc = get_array(c, m, "buffers", c->lim->max_values, &arr);
 	if (rc != 0)
 		return rc;
@@ -444,7 +444,7 @@ static int decode_buffers(dctx_t *c, const msgpack_object *m,
 
 static int decode_views(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 {
-	const msgpack_object *arr;
+	const msgpack_object *arr = NULL;
 	int rc = get_array(c, m, "views", c->lim->max_values, &arr);
 	if (rc != 0)
 		return rc;
@@ -631,7 +631,7 @@ static int decode_fallback(dctx_t *c, const msgpack_object *s,
 
 static int decode_steps(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 {
-	const msgpack_object *arr;
+	const msgpack_object *arr = NULL;
 	int rc = get_array(c, m, "steps", c->lim->max_nodes, &arr);
 	if (rc != 0)
 		return rc;
@@ -705,7 +705,7 @@ static int decode_steps(dctx_t *c, const msgpack_object *m, kiln_artifact_t *a)
 static int decode_outputs(dctx_t *c, const msgpack_object *m,
 			  kiln_artifact_t *a)
 {
-	const msgpack_object *arr;
+	const msgpack_object *arr = NULL;
 	int rc = get_array(c, m, "outputs", c->lim->max_values, &arr);
 	if (rc != 0)
 		return rc;

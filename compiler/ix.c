@@ -373,15 +373,26 @@ static range_t rng_of(cctx_t *c, const kiln_expr_t *e)
 	}
 	case KILN_EX_MIN:
 	case KILN_EX_MAX: {
-		range_t a = rng_of(c, e->a), b = rng_of(c, e->b);
-		if (e->kind == KILN_EX_MIN)
-			return (range_t){a.lo < b.lo ? a.lo : b.lo,
-					 a.hi < b.hi ? a.hi : b.hi,
-					 a.lo_ok && b.lo_ok,
-					 a.hi_ok || b.hi_ok};
-		return (range_t){a.lo > b.lo ? a.lo : b.lo,
-				 a.hi > b.hi ? a.hi : b.hi, a.lo_ok || b.lo_ok,
-				 a.hi_ok && b.hi_ok};
+		/* a bound of min/max needs both sides' bound on one end and
+		 * either side's on the other; an unknown side's placeholder
+		 * value must never be used */
+		range_t a = rng_of(c, e->a), b = rng_of(c, e->b), r;
+		if (e->kind == KILN_EX_MIN) {
+			r.lo_ok = a.lo_ok && b.lo_ok;
+			r.lo = a.lo < b.lo ? a.lo : b.lo;
+			r.hi_ok = a.hi_ok || b.hi_ok;
+			r.hi = a.hi_ok && b.hi_ok ? (a.hi < b.hi ? a.hi : b.hi)
+			       : a.hi_ok	  ? a.hi
+						  : b.hi;
+		} else {
+			r.hi_ok = a.hi_ok && b.hi_ok;
+			r.hi = a.hi > b.hi ? a.hi : b.hi;
+			r.lo_ok = a.lo_ok || b.lo_ok;
+			r.lo = a.lo_ok && b.lo_ok ? (a.lo > b.lo ? a.lo : b.lo)
+			       : a.lo_ok	  ? a.lo
+						  : b.lo;
+		}
+		return r;
 	}
 	}
 	return none;

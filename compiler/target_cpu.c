@@ -335,6 +335,10 @@ int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
 	argv[ac++] = o;
 	if (libm != NULL)
 		argv[ac++] = (char *)libm;
+	const char *math = getenv("KILN_MATH");
+	if (math != NULL && strcmp(math, "libmvec") == 0 &&
+	    access("/lib/x86_64-linux-gnu/libmvec.so.1", R_OK) == 0)
+		argv[ac++] = "/lib/x86_64-linux-gnu/libmvec.so.1";
 	argv[ac] = NULL;
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);

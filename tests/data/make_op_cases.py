@@ -759,6 +759,15 @@ def build_nn():
     case("addmm", "t", A.addmm.default, U(1, 2), U(3, 4), T(U(4, 2)))
     case("baddbmm", "default", A.baddbmm.default, U(2, 3, 5), U(2, 3, 4), U(2, 4, 5))
     case("baddbmm", "ab", lambda b, x, y: A.baddbmm.default(b, x, y, beta=2.0, alpha=0.5), U(5), U(2, 3, 4), U(2, 4, 5))
+    # products followed by pointwise ops (several 64-row blocks; a 3-d view
+    # of a 2-d product as in GPT-2's Conv1D; batches; a last dim over one
+    # 8192-element chunk): the cases a gemm epilogue must get right
+    case("addmm", "gelu_epilogue", lambda b, x, y: A.gelu.default(A.addmm.default(b, x, y)), U(70), U(130, 8), T(U(8, 70)))
+    case("addmm", "view3d_epilogue",
+         lambda b, x, y: A.tanh.default(A.mul.Tensor(A.view.default(A.addmm.default(b, x, y), [2, 65, 70]), 2.0)),
+         U(70), U(130, 8), U(8, 70))
+    case("bmm", "relu_epilogue", lambda x, y: A.relu.default(A.mul.Tensor(A.bmm.default(x, y), 0.5)), U(2, 70, 8), U(2, 8, 33))
+    case("mm", "wide_epilogue", lambda x, y, b: A.sigmoid.default(A.add.Tensor(A.mm.default(x, y), b)), U(2, 3), U(3, 8200), U(8200))
     seed("embedding")
     w = U(10, 4)
     case("embedding", "default", A.embedding.default, w, I(2, 3, lo=0, hi=10))

@@ -29,8 +29,7 @@
 #define CIR_MAX_RANK KILN_MAX_RANK_HARD
 #define CIR_MAX_VARS 40
 
-/* ---- scalar expressions ---------------------------------------------------
- */
+/* ---- scalar expressions -------------------------------------------------- */
 
 typedef enum {
 	SX_CONST, /* f (float dtypes) or i (others) */
@@ -42,20 +41,18 @@ typedef enum {
 	SX_CAST,  /* a converted to dt */
 } sx_kind_t;
 
+/* clang-format off */
 #define SX_OPS(X)                                                              \
 	/* unary */                                                            \
-	X(NEG)                                                                 \
-	X(ABS)                                                                 \
-	X(EXP)                                                                 \
-	X(EXP2)                                                                \
-	X(LOG)                                                                 \
-	X(LOG1P) X(LOG2) X(EXPM1) X(SQRT) X(RSQRT) X(RECIP) X(SIN) X(COS)      \
-	    X(TAN) X(TANH) X(SIGMOID) X(ERF) X(SIGN) X(FLOOR) X(CEIL) X(ROUND) \
-		X(TRUNC) X(NOT) X(BITNOT) X(ISNAN) X(ATAN) /* binary */        \
-	    X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD) \
-		X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT)    \
-		    X(GE) X(AND) X(OR) X(XOR) X(BITAND) X(BITOR) X(BITXOR)     \
-			X(SHL) X(SHR)
+	X(NEG) X(ABS) X(EXP) X(EXP2) X(LOG) X(LOG1P) X(LOG2) X(EXPM1) X(SQRT)  \
+	X(RSQRT) X(RECIP) X(SIN) X(COS) X(TAN) X(TANH) X(SIGMOID) X(ERF)       \
+	X(SIGN) X(FLOOR) X(CEIL) X(ROUND) X(TRUNC) X(NOT) X(BITNOT) X(ISNAN)   \
+	X(ATAN)                                                                \
+	/* binary */                                                           \
+	X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD)     \
+	X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)      \
+	X(AND) X(OR) X(XOR) X(BITAND) X(BITOR) X(BITXOR) X(SHL) X(SHR)
+/* clang-format on */
 
 typedef enum {
 #define SX_OP_ENUM(n) OP_##n,
@@ -80,8 +77,7 @@ typedef struct sx {
 	struct sx *next; /* hash chain */
 } sx_t;
 
-/* ---- lazy tensors ---------------------------------------------------------
- */
+/* ---- lazy tensors -------------------------------------------------------- */
 
 typedef struct lt {
 	kiln_dtype_t dtype; /* torch's dtype of the value */
@@ -96,8 +92,7 @@ typedef struct lt {
 	const sx_t *body;
 } lt_t;
 
-/* ---- buffers and compute nodes ---------------------------------------------
- */
+/* ---- buffers and compute nodes ------------------------------------------- */
 
 typedef enum {
 	CB_INPUT, /* graph input `input` */
@@ -199,8 +194,7 @@ typedef struct kernel {
 	const char *why; /* fusion decision text */
 } kernel_t;
 
-/* ---- the compile context ----------------------------------------------------
- */
+/* ---- the compile context ------------------------------------------------- */
 
 typedef struct cctx {
 	kiln_arena_t *arena;
@@ -308,8 +302,7 @@ bool sx_op_is_cmp(sx_op_t op);
 /* Calls fn for every LOAD in the tree (each distinct node once). */
 void sx_each_load(const sx_t *e, void (*fn)(void *, const sx_t *), void *arg);
 
-/* ---- lazy tensors (lower.c) -----------------------------------------------
- */
+/* ---- lazy tensors (lower.c) ---------------------------------------------- */
 
 lt_t *lt_new(cctx_t *c, kiln_dtype_t dt, uint32_t rank,
 	     const kiln_dim_t *sizes);

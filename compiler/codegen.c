@@ -111,8 +111,7 @@ static LLVMValueRef lane_ids(gen_t *g, int w)
 	return LLVMConstVector(e, (unsigned)w);
 }
 
-/* ---- memo -----------------------------------------------------------------
- */
+/* ---- memo ---------------------------------------------------------------- */
 
 static void memo_clear(gen_t *g)
 {
@@ -295,8 +294,7 @@ static LLVMValueRef emit_ix_w(gen_t *g, const kiln_expr_t *e, int w)
 	return v;
 }
 
-/* ---- loads and stores -------------------------------------------------------
- */
+/* ---- loads and stores ---------------------------------------------------- */
 
 static const kiln_expr_t *lane_form(gen_t *g, const kiln_expr_t *e, int w,
 				    int64_t *coef);
@@ -925,8 +923,7 @@ static LLVMValueRef emit_sx(gen_t *g, const sx_t *e)
 	return v;
 }
 
-/* ---- loops ----------------------------------------------------------------
- */
+/* ---- loops --------------------------------------------------------------- */
 
 typedef struct loop {
 	LLVMValueRef iv; /* alloca */
@@ -1666,8 +1663,7 @@ static void kernel_extent(cctx_t *c, kernel_t *k)
 	k->grain = grain < 1 ? 1 : grain;
 }
 
-/* ---- matrix products through BLAS ------------------------------------------
- */
+/* ---- matrix products through BLAS ---------------------------------------- */
 
 /* A module-level pointer to cblas_?gemm, found on first use with
  * dlopen(path) + dlsym on that handle (so it is the BLAS the compiler
@@ -1794,14 +1790,15 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMValueRef bstart = LLVMBuildMul(g->b, bi, nmb, "");
 	LLVMValueRef bend = LLVMBuildAdd(g->b, bstart, nmb, "");
 	LLVMValueRef last = LLVMBuildSelect(
-	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, end, bend, ""), end, bend, "");
+	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, end, bend, ""), end, bend,
+	    "");
 	LLVMValueRef mbk = LLVMConstInt(g->i64, GEMM_MB, 0);
 	LLVMValueRef m0 =
 	    LLVMBuildMul(g->b, LLVMBuildSub(g->b, U.i, bstart, ""), mbk, "");
 	LLVMValueRef m1 =
 	    LLVMBuildMul(g->b, LLVMBuildSub(g->b, last, bstart, ""), mbk, "");
-	m1 = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, m1, M, ""), m1,
-			     M, "");
+	m1 = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, m1, M, ""),
+			     m1, M, "");
 	LLVMValueRef rows = LLVMBuildSub(g->b, m1, m0, "");
 	LLVMValueRef aoff =
 	    LLVMBuildAdd(g->b, offa,

@@ -636,8 +636,7 @@ static int build_artifact(cctx_t *c, cpu_target_t *t, lt_t **outs,
 	return 0;
 }
 
-/* ---- the pipeline ---------------------------------------------------------
- */
+/* ---- the pipeline -------------------------------------------------------- */
 
 static int front(cctx_t *c, lt_t **outs, kiln_compile_stats_t *st)
 {

@@ -244,26 +244,21 @@ static inline bool ki_same_shape(const it_t *a, const it_t *b)
 }
 
 /* ---- op entry points (code selects the variant) ---- */
+/* clang-format off */
 #define KI_OPS_FUNCS(X)                                                        \
-	X(unary)                                                               \
-	X(binary)                                                              \
-	X(where) X(masked_fill) X(clamp) X(lerp) X(pw_backward) X(convert) X(  \
-	    create) X(arange) X(dropout) X(dropout_bw) X(tri) X(reduce)        \
-	    X(argred) X(minmax_dim) X(varstd) X(cumsum) X(softmax) X(          \
-		softmax_bw) X(layer_norm) X(layer_norm_bw) X(batch_norm)       \
-		X(batch_norm_bw) X(group_norm) X(group_norm_bw) X(view) X(     \
-		    permute) X(transpose) X(expand) X(squeeze) X(unsqueeze)    \
-		    X(slice) X(select) X(split) X(cat) X(stack) X(alias)       \
-			X(pad) X(flip) X(repeat) X(select_bw) X(slice_bw)      \
-			    X(as_strided) X(mm) X(embedding) X(embedding_bw)   \
-				X(index_select) X(gather) X(scatter) X(index)  \
-				    X(index_put) X(nll) X(nll_bw) X(mse)       \
-					X(mse_bw) X(conv) X(conv_bw)           \
-					    X(maxpool) X(maxpool_bw)           \
-						X(avgpool) X(avgpool_bw)       \
-						    X(adaptive) X(adaptive_bw) \
-							X(upsample) X(sdpa)    \
-							    X(sdpa_bw)
+	X(unary) X(binary) X(where) X(masked_fill) X(clamp) X(lerp)            \
+	X(pw_backward) X(convert) X(create) X(arange) X(dropout)               \
+	X(dropout_bw) X(tri) X(reduce) X(argred) X(minmax_dim) X(varstd)       \
+	X(cumsum) X(softmax) X(softmax_bw) X(layer_norm) X(layer_norm_bw)      \
+	X(batch_norm) X(batch_norm_bw) X(group_norm) X(group_norm_bw) X(view)  \
+	X(permute) X(transpose) X(expand) X(squeeze) X(unsqueeze) X(slice)     \
+	X(select) X(split) X(cat) X(stack) X(alias) X(pad) X(flip) X(repeat)   \
+	X(select_bw) X(slice_bw) X(as_strided) X(mm) X(embedding)              \
+	X(embedding_bw) X(index_select) X(gather) X(scatter) X(index)          \
+	X(index_put) X(nll) X(nll_bw) X(mse) X(mse_bw) X(conv) X(conv_bw)      \
+	X(maxpool) X(maxpool_bw) X(avgpool) X(avgpool_bw) X(adaptive)          \
+	X(adaptive_bw) X(upsample) X(sdpa) X(sdpa_bw)
+/* clang-format on */
 
 #define KI_DECL_OP(name) int kiln__op_##name(ictx_t *c, int code);
 KI_OPS_FUNCS(KI_DECL_OP)

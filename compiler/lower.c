@@ -22,8 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- context helpers ------------------------------------------------------
- */
+/* ---- context helpers ----------------------------------------------------- */
 
 int cir_err(cctx_t *c, int code, const char *fmt, ...)
 {
@@ -121,8 +120,7 @@ int32_t new_cnode(cctx_t *c)
 	return (int32_t)c->n_nodes++;
 }
 
-/* ---- lazy tensors ---------------------------------------------------------
- */
+/* ---- lazy tensors -------------------------------------------------------- */
 
 lt_t *lt_new(cctx_t *c, kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sizes)
 {
@@ -493,8 +491,7 @@ int ldim(lnode_t *n, int64_t d, uint32_t rank, uint32_t *out)
 	return 0;
 }
 
-/* ---- declared outputs ------------------------------------------------------
- */
+/* ---- declared outputs ---------------------------------------------------- */
 
 const kiln_value_t *lout(lnode_t *n, uint32_t k)
 {
@@ -641,8 +638,7 @@ kiln_dtype_t rt_result(const rtype_t *r)
 	return d == KILN_DT__COUNT ? KILN_DT_F32 : d;
 }
 
-/* ---- operands: a tensor or a scalar ----------------------------------------
- */
+/* ---- operands: a tensor or a scalar -------------------------------------- */
 
 int loperand(lnode_t *n, uint32_t pos, const char *name, operand_t *o)
 {
@@ -733,8 +729,7 @@ int lbroadcast(lnode_t *n, const operand_t *ops, uint32_t n_ops, uint32_t *rank,
 	return 0;
 }
 
-/* ---- the driver -------------------------------------------------------------
- */
+/* ---- the driver ---------------------------------------------------------- */
 
 #include "compiler/ops.h"
 

@@ -31,8 +31,7 @@
 
 #define MAX_SCAN 1024 /* cumsum / mask indexing: largest O(n²) size */
 
-/* ---- helpers -------------------------------------------------------------
- */
+/* ---- helpers ------------------------------------------------------------- */
 
 static kiln_dtype_t decl_dt(lnode_t *n, uint32_t k, kiln_dtype_t fallback)
 {
@@ -183,8 +182,7 @@ static bool dim_gt(kiln_dim_t a, kiln_dim_t b)
 	return a.e == NULL && b.e == NULL && a.c > b.c;
 }
 
-/* ---- gathers ---------------------------------------------------------------
- */
+/* ---- gathers ------------------------------------------------------------- */
 
 /* embedding(weight [V, D], indices [I...]) -> [I..., D]:
  *   out[i..., d] = weight[idx[i...], d]
@@ -951,8 +949,7 @@ int low_index_put(cctx_t *c, lnode_t *n)
 		    lt_fn(c, dt, xr, x->sizes, sx_where(c, hit, nv, self)));
 }
 
-/* ---- cumsum --------------------------------------------------------------
- */
+/* ---- cumsum -------------------------------------------------------------- */
 
 /* cumsum(self, dim, dtype?): over the virtual [p..., j] (j: dim's extent S)
  *   out[p] = Σ_j (j <= p_dim ? x[p | dim := j] : 0)
@@ -1004,8 +1001,7 @@ int low_cumsum(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, odt, r, x->sizes, lt_body(c, s)));
 }
 
-/* ---- losses --------------------------------------------------------------
- */
+/* ---- losses -------------------------------------------------------------- */
 
 /* nll_loss's shared checks: self [N, C] or [C] floating, target [N] or []
  * integer, weight [C] or None, reduction 0..2. */

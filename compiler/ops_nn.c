@@ -38,8 +38,7 @@
 #include <math.h>
 #include <string.h>
 
-/* ---- helpers -------------------------------------------------------------
- */
+/* ---- helpers ------------------------------------------------------------- */
 
 /* Declared dtype of output k, else fallback. */
 static kiln_dtype_t decl_dt(lnode_t *n, uint32_t k, kiln_dtype_t fallback)
@@ -185,8 +184,7 @@ static int lmask3(lnode_t *n, uint32_t pos, bool m[3])
 	return 0;
 }
 
-/* ---- pooling geometry ------------------------------------------------------
- */
+/* ---- pooling geometry ---------------------------------------------------- */
 
 typedef struct pool {
 	uint32_t lead;		  /* dims before H, W: 1 (C) or 2 (N, C) */
@@ -541,8 +539,7 @@ int low_max_pool2d_backward(cctx_t *c, lnode_t *n)
 	return lset(n, 0, r);
 }
 
-/* ---- average pooling -------------------------------------------------------
- */
+/* ---- average pooling ----------------------------------------------------- */
 
 typedef struct avgopt {
 	bool incl;    /* count_include_pad */
@@ -790,8 +787,7 @@ int low_adaptive_avg_pool2d_backward(cctx_t *c, lnode_t *n)
 	return adaptive(c, n, true);
 }
 
-/* ---- upsampling ------------------------------------------------------------
- */
+/* ---- upsampling ---------------------------------------------------------- */
 
 /* One axis of an upsampling at output position VAR var: the source indices
  * i0, i1 = min(i0 + 1, in - 1) as index expressions when exact (else NULL,
@@ -1131,8 +1127,7 @@ int low_upsample(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, odt, 4, sz, v));
 }
 
-/* ---- normalization -----------------------------------------------------
- */
+/* ---- normalization ------------------------------------------------------- */
 
 /* x as [N, C, HW], HW the product of the dims after C (1 for 2-D). */
 static lt_t *as_nc3(cctx_t *c, const lt_t *x)

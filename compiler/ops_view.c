@@ -357,8 +357,7 @@ static const sx_t *in_range(cctx_t *c, const kiln_expr_t *x, kiln_dim_t size)
 		      sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, size))));
 }
 
-/* ---- op lowerings ----------------------------------------------------------
- */
+/* ---- op lowerings -------------------------------------------------------- */
 
 int low_view(cctx_t *c, lnode_t *n)
 {

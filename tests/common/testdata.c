@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- files ---------------------------------------------------------------- */
+/* ---- files --------------------------------------------------------------- */
 
 int kiln_td_read_file(const char *path, uint8_t **buf, size_t *len)
 {
@@ -65,7 +65,7 @@ int kiln_td_graph_load(const char *path, kiln_graph_t **g, char *err,
 	return rc;
 }
 
-/* ---- scalar conversions ---------------------------------------------------- */
+/* ---- scalar conversions -------------------------------------------------- */
 
 /* Rounds |x| (bits ab, finite, nonzero exponent field) to a binary format
  * with `mbits` mantissa bits and minimum normal exponent `emin`; returns the
@@ -97,7 +97,8 @@ uint16_t kiln_td_f16_from_f64(double x)
 	uint16_t sign = (uint16_t)((b >> 48) & 0x8000);
 	uint64_t ab = b & ~(UINT64_C(1) << 63);
 	if (ab >= UINT64_C(0x7ff0000000000000))
-		return sign | (ab > UINT64_C(0x7ff0000000000000) ? 0x7e00 : 0x7c00);
+		return sign |
+		       (ab > UINT64_C(0x7ff0000000000000) ? 0x7e00 : 0x7c00);
 	return sign | (uint16_t)round_bits(ab, 10, -14, 0x7c00);
 }
 
@@ -108,7 +109,8 @@ uint16_t kiln_td_bf16_from_f64(double x)
 	uint16_t sign = (uint16_t)((b >> 48) & 0x8000);
 	uint64_t ab = b & ~(UINT64_C(1) << 63);
 	if (ab >= UINT64_C(0x7ff0000000000000))
-		return sign | (ab > UINT64_C(0x7ff0000000000000) ? 0x7fc0 : 0x7f80);
+		return sign |
+		       (ab > UINT64_C(0x7ff0000000000000) ? 0x7fc0 : 0x7f80);
 	return sign | (uint16_t)round_bits(ab, 7, -126, 0x7f80);
 }
 
@@ -134,7 +136,7 @@ double kiln_td_bf16_to_f64(uint16_t h)
 	return (double)f;
 }
 
-/* ---- PRNG ------------------------------------------------------------------- */
+/* ---- PRNG ---------------------------------------------------------------- */
 
 uint64_t kiln_td_prng_raw(uint64_t seed, uint64_t i)
 {
@@ -156,7 +158,8 @@ int64_t kiln_td_prng_randint(uint64_t seed, uint64_t i, int64_t lo, int64_t hi)
 	return (int64_t)((uint64_t)lo + kiln_td_prng_raw(seed, i) % span);
 }
 
-/* ---- tensors ------------------------------------------------------------------ */
+/* ---- tensors
+ * ------------------------------------------------------------------ */
 
 int64_t kiln_td_numel(const kiln_tensor_t *t)
 {
@@ -174,7 +177,8 @@ int kiln_td_tensor_alloc(kiln_tensor_t *t, kiln_dtype_t dt, uint32_t rank,
 		return -EINVAL;
 	int64_t n = 1;
 	for (uint32_t d = rank; d-- > 0;) {
-		if (sizes[d] < 0 || (sizes[d] > 0 && n > (INT64_MAX >> 4) / sizes[d]))
+		if (sizes[d] < 0 ||
+		    (sizes[d] > 0 && n > (INT64_MAX >> 4) / sizes[d]))
 			return -EINVAL;
 		t->sizes[d] = sizes[d];
 		t->strides[d] = n;
@@ -211,18 +215,47 @@ static int64_t elem_off(const kiln_tensor_t *t, int64_t i)
 
 static double load_f64(const void *data, kiln_dtype_t dt, int64_t off)
 {
-	const uint8_t *p = (const uint8_t *)data + off * (int64_t)kiln_dtype_size(dt);
+	const uint8_t *p =
+	    (const uint8_t *)data + off * (int64_t)kiln_dtype_size(dt);
 	switch (dt) {
-	case KILN_DT_F32: { float v; memcpy(&v, p, 4); return v; }
-	case KILN_DT_F64: { double v; memcpy(&v, p, 8); return v; }
-	case KILN_DT_F16: { uint16_t v; memcpy(&v, p, 2); return kiln_td_f16_to_f64(v); }
-	case KILN_DT_BF16: { uint16_t v; memcpy(&v, p, 2); return kiln_td_bf16_to_f64(v); }
+	case KILN_DT_F32: {
+		float v;
+		memcpy(&v, p, 4);
+		return v;
+	}
+	case KILN_DT_F64: {
+		double v;
+		memcpy(&v, p, 8);
+		return v;
+	}
+	case KILN_DT_F16: {
+		uint16_t v;
+		memcpy(&v, p, 2);
+		return kiln_td_f16_to_f64(v);
+	}
+	case KILN_DT_BF16: {
+		uint16_t v;
+		memcpy(&v, p, 2);
+		return kiln_td_bf16_to_f64(v);
+	}
 	case KILN_DT_I8: return (int8_t)*p;
 	case KILN_DT_U8: return *p;
 	case KILN_DT_BOOL: return *p != 0;
-	case KILN_DT_I16: { int16_t v; memcpy(&v, p, 2); return v; }
-	case KILN_DT_I32: { int32_t v; memcpy(&v, p, 4); return v; }
-	case KILN_DT_I64: { int64_t v; memcpy(&v, p, 8); return (double)v; }
+	case KILN_DT_I16: {
+		int16_t v;
+		memcpy(&v, p, 2);
+		return v;
+	}
+	case KILN_DT_I32: {
+		int32_t v;
+		memcpy(&v, p, 4);
+		return v;
+	}
+	case KILN_DT_I64: {
+		int64_t v;
+		memcpy(&v, p, 8);
+		return (double)v;
+	}
 	default: return NAN;
 	}
 }
@@ -246,7 +279,8 @@ int64_t kiln_td_get_i64(const kiln_tensor_t *t, int64_t i)
 	return (int64_t)v;
 }
 
-/* ---- io decoding ------------------------------------------------------------------ */
+/* ---- io decoding
+ * ------------------------------------------------------------------ */
 
 static int bad(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -265,7 +299,8 @@ static bool obj_int(const msgpack_object *o, int64_t *v)
 {
 	if (o == NULL)
 		return false;
-	if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX) {
+	if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+	    o->via.u64 <= INT64_MAX) {
 		*v = (int64_t)o->via.u64;
 		return true;
 	}
@@ -281,7 +316,8 @@ static bool obj_num(const msgpack_object *o, double *v)
 	int64_t i;
 	if (o == NULL)
 		return false;
-	if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
+	if (o->type == MSGPACK_OBJECT_FLOAT32 ||
+	    o->type == MSGPACK_OBJECT_FLOAT64) {
 		*v = o->via.f64;
 		return true;
 	}
@@ -310,10 +346,22 @@ static void store_f64(void *data, kiln_dtype_t dt, int64_t off, double v)
 {
 	uint8_t *p = (uint8_t *)data + off * (int64_t)kiln_dtype_size(dt);
 	switch (dt) {
-	case KILN_DT_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
+	case KILN_DT_F32: {
+		float f = (float)v;
+		memcpy(p, &f, 4);
+		break;
+	}
 	case KILN_DT_F64: memcpy(p, &v, 8); break;
-	case KILN_DT_F16: { uint16_t h = kiln_td_f16_from_f64(v); memcpy(p, &h, 2); break; }
-	case KILN_DT_BF16: { uint16_t h = kiln_td_bf16_from_f64(v); memcpy(p, &h, 2); break; }
+	case KILN_DT_F16: {
+		uint16_t h = kiln_td_f16_from_f64(v);
+		memcpy(p, &h, 2);
+		break;
+	}
+	case KILN_DT_BF16: {
+		uint16_t h = kiln_td_bf16_from_f64(v);
+		memcpy(p, &h, 2);
+		break;
+	}
 	default: break;
 	}
 }
@@ -325,8 +373,16 @@ static void store_i64(void *data, kiln_dtype_t dt, int64_t off, int64_t v)
 	case KILN_DT_I8: *p = (uint8_t)(int8_t)v; break;
 	case KILN_DT_U8: *p = (uint8_t)v; break;
 	case KILN_DT_BOOL: *p = v != 0; break;
-	case KILN_DT_I16: { int16_t x = (int16_t)v; memcpy(p, &x, 2); break; }
-	case KILN_DT_I32: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
+	case KILN_DT_I16: {
+		int16_t x = (int16_t)v;
+		memcpy(p, &x, 2);
+		break;
+	}
+	case KILN_DT_I32: {
+		int32_t x = (int32_t)v;
+		memcpy(p, &x, 4);
+		break;
+	}
 	case KILN_DT_I64: memcpy(p, &v, 8); break;
 	default: store_f64(data, dt, off, (double)v); break;
 	}
@@ -341,7 +397,8 @@ static int tensor_from_object(const msgpack_object *o, kiln_td_value_t *v,
 	const msgpack_object *io = kiln_map_get(o, "int");
 	if (io != NULL) {
 		if (!obj_int(io, &v->ival))
-			return bad(err, errlen, "%s: \"int\" is not an integer", where);
+			return bad(err, errlen, "%s: \"int\" is not an integer",
+				   where);
 		v->is_int = true;
 		return 0;
 	}
@@ -359,7 +416,8 @@ static int tensor_from_object(const msgpack_object *o, kiln_td_value_t *v,
 	uint32_t rank = sho->via.array.size;
 	for (uint32_t d = 0; d < rank; d++)
 		if (!obj_int(&sho->via.array.ptr[d], &sizes[d]) || sizes[d] < 0)
-			return bad(err, errlen, "%s: shape[%u] is not a size", where, d);
+			return bad(err, errlen, "%s: shape[%u] is not a size",
+				   where, d);
 	int rc = kiln_td_tensor_alloc(&v->t, (kiln_dtype_t)dt, rank, sizes);
 	if (rc == -EINVAL)
 		return bad(err, errlen, "%s: shape too large", where);
@@ -373,7 +431,8 @@ static int tensor_from_object(const msgpack_object *o, kiln_td_value_t *v,
 		if (data->type != MSGPACK_OBJECT_BIN ||
 		    data->via.bin.size != (uint64_t)n * esz) {
 			kiln_td_tensor_free(&v->t);
-			return bad(err, errlen, "%s: \"data\" is not %lld bytes of bin",
+			return bad(err, errlen,
+				   "%s: \"data\" is not %lld bytes of bin",
 				   where, (long long)((uint64_t)n * esz));
 		}
 		if (n > 0)
@@ -382,13 +441,15 @@ static int tensor_from_object(const msgpack_object *o, kiln_td_value_t *v,
 	}
 	if (gen == NULL || gen->type != MSGPACK_OBJECT_MAP) {
 		kiln_td_tensor_free(&v->t);
-		return bad(err, errlen, "%s: neither \"data\" nor \"gen\"", where);
+		return bad(err, errlen, "%s: neither \"data\" nor \"gen\"",
+			   where);
 	}
 	const msgpack_object *kind = kiln_map_get(gen, "kind");
 	uint64_t seed;
 	if (!obj_u64(kiln_map_get(gen, "seed"), &seed)) {
 		kiln_td_tensor_free(&v->t);
-		return bad(err, errlen, "%s: gen has no integer \"seed\"", where);
+		return bad(err, errlen, "%s: gen has no integer \"seed\"",
+			   where);
 	}
 	if (kind != NULL && kiln_obj_streq(kind, "uniform") &&
 	    kiln_dtype_is_float((kiln_dtype_t)dt)) {
@@ -396,11 +457,13 @@ static int tensor_from_object(const msgpack_object *o, kiln_td_value_t *v,
 		if (!obj_num(kiln_map_get(gen, "lo"), &lo) ||
 		    !obj_num(kiln_map_get(gen, "hi"), &hi)) {
 			kiln_td_tensor_free(&v->t);
-			return bad(err, errlen, "%s: uniform gen needs lo, hi", where);
+			return bad(err, errlen, "%s: uniform gen needs lo, hi",
+				   where);
 		}
 		for (int64_t i = 0; i < n; i++)
-			store_f64(v->t.data, (kiln_dtype_t)dt, i,
-				  kiln_td_prng_uniform(seed, (uint64_t)i, lo, hi));
+			store_f64(
+			    v->t.data, (kiln_dtype_t)dt, i,
+			    kiln_td_prng_uniform(seed, (uint64_t)i, lo, hi));
 		return 0;
 	}
 	if (kind != NULL && kiln_obj_streq(kind, "randint")) {
@@ -408,11 +471,13 @@ static int tensor_from_object(const msgpack_object *o, kiln_td_value_t *v,
 		if (!obj_int(kiln_map_get(gen, "lo"), &lo) ||
 		    !obj_int(kiln_map_get(gen, "hi"), &hi) || hi <= lo) {
 			kiln_td_tensor_free(&v->t);
-			return bad(err, errlen, "%s: randint gen needs lo < hi", where);
+			return bad(err, errlen, "%s: randint gen needs lo < hi",
+				   where);
 		}
 		for (int64_t i = 0; i < n; i++)
-			store_i64(v->t.data, (kiln_dtype_t)dt, i,
-				  kiln_td_prng_randint(seed, (uint64_t)i, lo, hi));
+			store_i64(
+			    v->t.data, (kiln_dtype_t)dt, i,
+			    kiln_td_prng_randint(seed, (uint64_t)i, lo, hi));
 		return 0;
 	}
 	kiln_td_tensor_free(&v->t);
@@ -433,8 +498,8 @@ static int values_from_object(const msgpack_object *arr, const char *what,
 	for (uint32_t i = 0; i < cnt; i++) {
 		char where[64];
 		snprintf(where, sizeof(where), "%s[%u]", what, i);
-		int rc = tensor_from_object(&arr->via.array.ptr[i], &v[i], where,
-					    err, errlen);
+		int rc = tensor_from_object(&arr->via.array.ptr[i], &v[i],
+					    where, err, errlen);
 		if (rc < 0) {
 			for (uint32_t j = 0; j < i; j++)
 				if (!v[j].is_int)
@@ -482,7 +547,8 @@ int kiln_td_io_from_object(const msgpack_object *map, kiln_td_io_t *io,
 				    &io->inputs, &io->n_inputs, err, errlen);
 	if (rc == 0)
 		rc = values_from_object(kiln_map_get(map, "outputs"), "outputs",
-					&io->outputs, &io->n_outputs, err, errlen);
+					&io->outputs, &io->n_outputs, err,
+					errlen);
 	const msgpack_object *sy = kiln_map_get(map, "symbols");
 	if (rc == 0 && sy != NULL && sy->type == MSGPACK_OBJECT_MAP &&
 	    sy->via.map.size > 0) {
@@ -495,10 +561,12 @@ int kiln_td_io_from_object(const msgpack_object *map, kiln_td_io_t *io,
 			const msgpack_object_kv *kv = &sy->via.map.ptr[i];
 			if (kv->key.type != MSGPACK_OBJECT_STR ||
 			    !obj_int(&kv->val, &io->sym_values[i])) {
-				rc = bad(err, errlen, "io: symbols[%u] is not name: int", i);
+				rc = bad(err, errlen,
+					 "io: symbols[%u] is not name: int", i);
 				break;
 			}
-			io->sym_names[i] = strndup(kv->key.via.str.ptr, kv->key.via.str.size);
+			io->sym_names[i] =
+			    strndup(kv->key.via.str.ptr, kv->key.via.str.size);
 			if (io->sym_names[i] == NULL)
 				rc = -ENOMEM;
 			io->n_symbols = i + 1;
@@ -509,14 +577,18 @@ int kiln_td_io_from_object(const msgpack_object *map, kiln_td_io_t *io,
 	}
 	const msgpack_object *nc = kiln_map_get(map, "nocheck");
 	if (rc == 0 && nc != NULL && nc->type == MSGPACK_OBJECT_ARRAY) {
-		io->nocheck = calloc(io->n_outputs ? io->n_outputs : 1, sizeof(bool));
+		io->nocheck =
+		    calloc(io->n_outputs ? io->n_outputs : 1, sizeof(bool));
 		if (io->nocheck == NULL)
 			rc = -ENOMEM;
 		for (uint32_t i = 0; rc == 0 && i < nc->via.array.size; i++) {
 			int64_t k;
 			if (!obj_int(&nc->via.array.ptr[i], &k) || k < 0 ||
 			    k >= (int64_t)io->n_outputs)
-				rc = bad(err, errlen, "io: nocheck[%u] is not an output index", i);
+				rc = bad(
+				    err, errlen,
+				    "io: nocheck[%u] is not an output index",
+				    i);
 			else
 				io->nocheck[k] = true;
 		}
@@ -541,7 +613,8 @@ static int unpack_file(const char *path, uint8_t **buf, msgpack_zone *zone,
 	size_t len;
 	int rc = kiln_td_read_file(path, buf, &len);
 	if (rc < 0)
-		return kiln__errf(err, errlen, rc, "%s: %s", path, kiln_strerror(rc));
+		return kiln__errf(err, errlen, rc, "%s: %s", path,
+				  kiln_strerror(rc));
 	kiln_limits_t lim;
 	kiln_limits_default(&lim);
 	lim.max_objects = UINT32_MAX / 2;
@@ -621,7 +694,9 @@ int kiln_td_make_inputs(const kiln_graph_t *g, const kiln_td_io_t *io,
 		kiln_tensor_t *t = &inputs[i];
 		if (v->kind == KILN_VAL_SYMINT) {
 			if (!x->is_int) {
-				rc = bad(err, errlen, "input %u: graph says int, io a tensor", i);
+				rc = bad(
+				    err, errlen,
+				    "input %u: graph says int, io a tensor", i);
 				break;
 			}
 			rc = kiln_td_tensor_alloc(t, KILN_DT_I64, 0, NULL);
@@ -629,9 +704,12 @@ int kiln_td_make_inputs(const kiln_graph_t *g, const kiln_td_io_t *io,
 				memcpy(t->data, &x->ival, 8);
 			continue;
 		}
-		if (x->is_int || x->t.dtype != v->dtype || x->t.rank != v->rank) {
-			rc = bad(err, errlen, "input %u: io tensor does not match the "
-				 "graph's dtype/rank", i);
+		if (x->is_int || x->t.dtype != v->dtype ||
+		    x->t.rank != v->rank) {
+			rc = bad(err, errlen,
+				 "input %u: io tensor does not match the "
+				 "graph's dtype/rank",
+				 i);
 			break;
 		}
 		/* lay out with the declared strides */
@@ -641,7 +719,8 @@ int kiln_td_make_inputs(const kiln_graph_t *g, const kiln_td_io_t *io,
 			int64_t st;
 			rc = eval_dim(&v->strides[d], syms, &st);
 			if (rc < 0 || st < 0) {
-				rc = bad(err, errlen, "input %u: bad stride %u", i, d);
+				rc = bad(err, errlen, "input %u: bad stride %u",
+					 i, d);
 				break;
 			}
 			t->strides[d] = st;
@@ -661,15 +740,17 @@ int kiln_td_make_inputs(const kiln_graph_t *g, const kiln_td_io_t *io,
 			break;
 		}
 		for (int64_t e = 0; e < n; e++)
-			memcpy((uint8_t *)t->data + elem_off(t, e) * (int64_t)esz,
-			       (const uint8_t *)x->t.data + e * (int64_t)esz, esz);
+			memcpy(
+			    (uint8_t *)t->data + elem_off(t, e) * (int64_t)esz,
+			    (const uint8_t *)x->t.data + e * (int64_t)esz, esz);
 	}
 	if (rc < 0)
 		kiln_td_inputs_free(inputs, g->n_inputs);
 	return rc;
 }
 
-/* ---- case files ----------------------------------------------------------------- */
+/* ---- case files
+ * ----------------------------------------------------------------- */
 
 void kiln_td_cases_free(kiln_td_cases_t *c)
 {
@@ -701,11 +782,14 @@ int kiln_td_cases_load(const char *path, kiln_td_cases_t *out, char *err,
 		op = kiln_map_get(&obj, "op");
 		cases = kiln_map_get(&obj, "cases");
 		if (fmt == NULL || !kiln_obj_streq(fmt, "kiln.opcases/1"))
-			rc = bad(err, errlen, "%s: format is not kiln.opcases/1", path);
+			rc = bad(err, errlen,
+				 "%s: format is not kiln.opcases/1", path);
 		else if (op == NULL || op->type != MSGPACK_OBJECT_STR ||
 			 cases == NULL || cases->type != MSGPACK_OBJECT_ARRAY)
-			rc = bad(err, errlen, "%s: missing \"op\" or \"cases\"", path);
-		else if ((out->op = strndup(op->via.str.ptr, op->via.str.size)) == NULL)
+			rc = bad(err, errlen, "%s: missing \"op\" or \"cases\"",
+				 path);
+		else if ((out->op = strndup(op->via.str.ptr,
+					    op->via.str.size)) == NULL)
 			rc = -ENOMEM;
 	}
 	if (rc == 0) {
@@ -722,9 +806,11 @@ int kiln_td_cases_load(const char *path, kiln_td_cases_t *out, char *err,
 			const msgpack_object *nm = kiln_map_get(c, "name");
 			const msgpack_object *gr = kiln_map_get(c, "graph");
 			const msgpack_object *io = kiln_map_get(c, "io");
-			if (nm == NULL || nm->type != MSGPACK_OBJECT_STR || gr == NULL ||
-			    io == NULL) {
-				rc = bad(err, errlen, "%s: case %u lacks name/graph/io", path, i);
+			if (nm == NULL || nm->type != MSGPACK_OBJECT_STR ||
+			    gr == NULL || io == NULL) {
+				rc = bad(err, errlen,
+					 "%s: case %u lacks name/graph/io",
+					 path, i);
 				break;
 			}
 			tc->name = strndup(nm->via.str.ptr, nm->via.str.size);
@@ -733,15 +819,19 @@ int kiln_td_cases_load(const char *path, kiln_td_cases_t *out, char *err,
 				break;
 			}
 			char e2[256];
-			rc = kiln_graph_from_object(gr, &lim, &tc->graph, e2, sizeof(e2));
+			rc = kiln_graph_from_object(gr, &lim, &tc->graph, e2,
+						    sizeof(e2));
 			if (rc < 0) {
-				kiln__errf(err, errlen, rc, "%s: case %s: graph: %s", path,
+				kiln__errf(err, errlen, rc,
+					   "%s: case %s: graph: %s", path,
 					   tc->name, e2);
 				break;
 			}
-			rc = kiln_td_io_from_object(io, &tc->io, e2, sizeof(e2));
+			rc =
+			    kiln_td_io_from_object(io, &tc->io, e2, sizeof(e2));
 			if (rc < 0)
-				kiln__errf(err, errlen, rc, "%s: case %s: io: %s", path,
+				kiln__errf(err, errlen, rc,
+					   "%s: case %s: io: %s", path,
 					   tc->name, e2);
 		}
 	}
@@ -752,16 +842,32 @@ int kiln_td_cases_load(const char *path, kiln_td_cases_t *out, char *err,
 	return rc;
 }
 
-/* ---- comparison ------------------------------------------------------------------ */
+/* ---- comparison
+ * ------------------------------------------------------------------ */
 
 void kiln_td_tolerance(kiln_dtype_t dt, double *rtol, double *atol)
 {
 	switch (dt) {
-	case KILN_DT_F64: *rtol = 1e-7; *atol = 1e-9; break;
-	case KILN_DT_F32: *rtol = 1e-5; *atol = 1e-6; break;
-	case KILN_DT_F16: *rtol = 2e-3; *atol = 1e-3; break;
-	case KILN_DT_BF16: *rtol = 1.6e-2; *atol = 1e-2; break;
-	default: *rtol = 0; *atol = 0; break;
+	case KILN_DT_F64:
+		*rtol = 1e-7;
+		*atol = 1e-9;
+		break;
+	case KILN_DT_F32:
+		*rtol = 1e-5;
+		*atol = 1e-6;
+		break;
+	case KILN_DT_F16:
+		*rtol = 2e-3;
+		*atol = 1e-3;
+		break;
+	case KILN_DT_BF16:
+		*rtol = 1.6e-2;
+		*atol = 1e-2;
+		break;
+	default:
+		*rtol = 0;
+		*atol = 0;
+		break;
 	}
 }
 
@@ -793,11 +899,13 @@ bool kiln_td_compare(const kiln_tensor_t *got, const kiln_tensor_t *want,
 	}
 	int64_t n = kiln_td_numel(want);
 	double worst_score = 0;
-	bool exact = !kiln_dtype_is_float(want->dtype) && !kiln_dtype_is_float(got->dtype);
+	bool exact = !kiln_dtype_is_float(want->dtype) &&
+		     !kiln_dtype_is_float(got->dtype);
 	for (int64_t i = 0; i < n; i++) {
 		double g, w, score;
 		if (exact) {
-			int64_t gi = kiln_td_get_i64(got, i), wi = kiln_td_get_i64(want, i);
+			int64_t gi = kiln_td_get_i64(got, i),
+				wi = kiln_td_get_i64(want, i);
 			g = (double)gi;
 			w = (double)wi;
 			double diff = fabs(g - w);
@@ -818,7 +926,9 @@ bool kiln_td_compare(const kiln_tensor_t *got, const kiln_tensor_t *want,
 				if (w != 0 && diff / fabs(w) > r->max_rel)
 					r->max_rel = diff / fabs(w);
 				double tol = atol + rtol * fabs(w);
-				score = diff == 0 ? 0 : (tol > 0 ? diff / tol : INFINITY);
+				score = diff == 0
+					    ? 0
+					    : (tol > 0 ? diff / tol : INFINITY);
 			}
 		}
 		if (score > 1)
@@ -832,13 +942,17 @@ bool kiln_td_compare(const kiln_tensor_t *got, const kiln_tensor_t *want,
 	}
 	r->ok = r->n_bad == 0;
 	if (r->worst < 0)
-		snprintf(r->msg, sizeof(r->msg), "%lld elements equal", (long long)n);
+		snprintf(r->msg, sizeof(r->msg), "%lld elements equal",
+			 (long long)n);
 	else
-		snprintf(r->msg, sizeof(r->msg),
-			 "%lld of %lld elements outside rtol=%g atol=%g; worst at "
-			 "[%lld]: got %.9g, expected %.9g; max abs err %.3g, max rel "
-			 "err %.3g",
-			 (long long)r->n_bad, (long long)n, rtol, atol,
-			 (long long)r->worst, r->got, r->want, r->max_abs, r->max_rel);
+		snprintf(
+		    r->msg, sizeof(r->msg),
+		    "%lld of %lld elements outside rtol=%g atol=%g; worst at "
+		    "[%lld]: got %.9g, expected %.9g; max abs err %.3g, max "
+		    "rel "
+		    "err %.3g",
+		    (long long)r->n_bad, (long long)n, rtol, atol,
+		    (long long)r->worst, r->got, r->want, r->max_abs,
+		    r->max_rel);
 	return r->ok;
 }

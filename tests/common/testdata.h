@@ -56,7 +56,7 @@ int kiln_td_graph_load(const char *path, kiln_graph_t **g, char *err,
 
 /* One input or output of an io map: a tensor, or an int ({"int": n}). */
 typedef struct kiln_td_value {
-	bool is_int;	 /* true: ival holds the int and t is unused */
+	bool is_int; /* true: ival holds the int and t is unused */
 	int64_t ival;
 	kiln_tensor_t t; /* contiguous, data malloc'd (gen inputs generated) */
 } kiln_td_value_t;
@@ -65,12 +65,12 @@ typedef struct kiln_td_io {
 	uint32_t n_inputs, n_outputs;
 	kiln_td_value_t *inputs, *outputs;
 	uint32_t n_symbols;
-	char **sym_names;     /* n_symbols NUL-terminated names */
-	int64_t *sym_values;  /* n_symbols values */
-	double rtol, atol;    /* from the map; -1 when absent */
-	bool *nocheck;	      /* n_outputs flags from "nocheck": outputs whose
-				 values are undefined (empty, new_empty), so
-				 only dtype and shape count; NULL when none */
+	char **sym_names;    /* n_symbols NUL-terminated names */
+	int64_t *sym_values; /* n_symbols values */
+	double rtol, atol;   /* from the map; -1 when absent */
+	bool *nocheck;	     /* n_outputs flags from "nocheck": outputs whose
+				values are undefined (empty, new_empty), so
+				only dtype and shape count; NULL when none */
 } kiln_td_io_t;
 
 /*
@@ -145,8 +145,7 @@ uint64_t kiln_td_prng_raw(uint64_t seed, uint64_t i);
 /* lo + (hi - lo) * u_i in f64, before rounding to a dtype. */
 double kiln_td_prng_uniform(uint64_t seed, uint64_t i, double lo, double hi);
 /* lo + z_i % (hi - lo); requires hi > lo. */
-int64_t kiln_td_prng_randint(uint64_t seed, uint64_t i, int64_t lo,
-			     int64_t hi);
+int64_t kiln_td_prng_randint(uint64_t seed, uint64_t i, int64_t lo, int64_t hi);
 
 /* ---- scalar conversions -------------------------------------------------- */
 
@@ -183,12 +182,12 @@ void kiln_td_tolerance(kiln_dtype_t dt, double *rtol, double *atol);
 
 typedef struct kiln_td_cmp {
 	bool ok;
-	int64_t n_bad;	   /* elements outside the tolerance */
-	int64_t worst;	   /* row-major index of the worst element; -1: none */
-	double got, want;  /* the worst element's values */
-	double max_abs;	   /* max |got - want| over elements finite in both */
-	double max_rel;	   /* max |got - want| / |want| over those, want != 0 */
-	char msg[320];	   /* a one-line description (also when ok) */
+	int64_t n_bad;	  /* elements outside the tolerance */
+	int64_t worst;	  /* row-major index of the worst element; -1: none */
+	double got, want; /* the worst element's values */
+	double max_abs;	  /* max |got - want| over elements finite in both */
+	double max_rel;	  /* max |got - want| / |want| over those, want != 0 */
+	char msg[320];	  /* a one-line description (also when ok) */
 } kiln_td_cmp_t;
 
 /*

@@ -194,8 +194,7 @@ static int list_dir(const char *dir, const char *suffix, char ***out)
 	return n;
 }
 
-/* ---- every per-op case ----------------------------------------------------
- */
+/* ---- every per-op case --------------------------------------------------- */
 
 Test(compile, op_cases, .timeout = 900)
 {
@@ -230,8 +229,7 @@ Test(compile, op_cases, .timeout = 900)
 	cr_expect_eq(failed, 0, "%d of %d op cases failed", failed, total);
 }
 
-/* ---- the corpus ------------------------------------------------------------
- */
+/* ---- the corpus ---------------------------------------------------------- */
 
 Test(compile, corpus, .timeout = 900)
 {
@@ -273,8 +271,7 @@ Test(compile, corpus, .timeout = 900)
 	kiln_compiler_free(kc);
 }
 
-/* ---- hand-built graphs ----------------------------------------------------
- */
+/* ---- hand-built graphs --------------------------------------------------- */
 
 typedef struct gb {
 	msgpack_sbuffer sb;
@@ -524,8 +521,7 @@ Test(fusion, views_are_not_copies)
 	kiln_compiler_free(kc);
 }
 
-/* ---- dynamic shapes: one artifact, several sizes --------------------------
- */
+/* ---- dynamic shapes: one artifact, several sizes ------------------------- */
 
 Test(dynamic, one_artifact_many_sizes)
 {
@@ -642,8 +638,7 @@ Test(dynamic, one_artifact_many_sizes)
 	kiln_compiler_free(kc);
 }
 
-/* ---- two threads compiling at once ----------------------------------------
- */
+/* ---- two threads compiling at once --------------------------------------- */
 
 typedef struct thr {
 	const char *graph, *io;
@@ -702,8 +697,7 @@ Test(concurrency, two_threads_compile_different_graphs, .timeout = 300)
 		cr_expect_eq(t[i].failures, 0, "%s: %s", t[i].graph, t[i].msg);
 }
 
-/* ---- semantically invalid graphs ------------------------------------------
- */
+/* ---- semantically invalid graphs ----------------------------------------- */
 
 static void expect_invalid(const char *what, gb_t *b, const char *needle)
 {

@@ -34,71 +34,232 @@ typedef struct pname {
 
 /* tests/data/ops/<name>.cases.msgpack (make_op_cases.py writes them) */
 static const pname_t op_files[] = {
-	{"_adaptive_avg_pool2d"}, {"_adaptive_avg_pool2d_backward"},
-	{"_log_softmax"}, {"_log_softmax_backward_data"},
-	{"_native_batch_norm_legit_functional"},
-	{"_native_batch_norm_legit_no_training"}, {"_reshape_alias"},
-	{"_scaled_dot_product_flash_attention_for_cpu"},
-	{"_scaled_dot_product_flash_attention_for_cpu_backward"}, {"_softmax"},
-	{"_softmax_backward_data"}, {"_to_copy"}, {"_unsafe_view"}, {"abs"},
-	{"add"}, {"addmm"}, {"alias"}, {"all"}, {"amax"}, {"amin"}, {"any"},
-	{"arange"}, {"argmax"}, {"argmin"}, {"as_strided"}, {"atan2"},
-	{"avg_pool2d"}, {"avg_pool2d_backward"}, {"baddbmm"}, {"bitwise_and"},
-	{"bitwise_not"}, {"bitwise_or"}, {"bitwise_xor"}, {"bmm"}, {"cat"},
-	{"ceil"}, {"clamp"}, {"clamp_max"}, {"clamp_min"}, {"clone"},
-	{"constant_pad_nd"}, {"convert_element_type"}, {"convolution"},
-	{"convolution_backward"}, {"copy"}, {"cos"}, {"cumsum"}, {"detach"},
-	{"div"}, {"dynamic"}, {"elu"}, {"embedding"}, {"embedding_dense_backward"},
-	{"empty"}, {"eq"}, {"erf"}, {"exp"}, {"exp2"}, {"expand"}, {"expm1"},
-	{"fill"}, {"flip"}, {"floor"}, {"fmod"}, {"full"}, {"full_like"},
-	{"gather"}, {"ge"}, {"gelu"}, {"gelu_backward"}, {"gt"}, {"hardsigmoid"},
-	{"hardswish"}, {"hardtanh"}, {"index"}, {"index_put"}, {"index_select"},
-	{"isnan"}, {"le"}, {"leaky_relu"}, {"lerp"}, {"log"}, {"log1p"}, {"log2"},
-	{"logical_and"}, {"logical_not"}, {"logical_or"}, {"logical_xor"},
-	{"logsumexp"}, {"lt"}, {"masked_fill"}, {"max"},
-	{"max_pool2d_with_indices"}, {"max_pool2d_with_indices_backward"},
-	{"maximum"}, {"mean"}, {"min"}, {"minimum"}, {"mm"}, {"mse_loss"},
-	{"mse_loss_backward"}, {"mul"}, {"native_batch_norm"},
-	{"native_batch_norm_backward"}, {"native_dropout"},
-	{"native_dropout_backward"}, {"native_group_norm"},
-	{"native_group_norm_backward"}, {"native_layer_norm"},
-	{"native_layer_norm_backward"}, {"ne"}, {"neg"}, {"new_empty"},
-	{"new_full"}, {"new_ones"}, {"new_zeros"}, {"nll_loss_backward"},
-	{"nll_loss_forward"}, {"ones"}, {"ones_like"}, {"permute"}, {"pow"},
-	{"prod"}, {"reciprocal"}, {"relu"}, {"remainder"}, {"repeat"}, {"reshape"},
-	{"round"}, {"rsqrt"}, {"rsub"}, {"scalar_tensor"}, {"scatter"},
-	{"scatter_add"}, {"select"}, {"select_backward"}, {"sigmoid"},
-	{"sigmoid_backward"}, {"sign"}, {"silu"}, {"sin"}, {"slice"},
-	{"slice_backward"}, {"split"}, {"split_with_sizes"}, {"sqrt"}, {"squeeze"},
-	{"stack"}, {"std"}, {"sub"}, {"sum"}, {"t"}, {"tan"}, {"tanh"},
-	{"tanh_backward"}, {"threshold_backward"}, {"transpose"}, {"tril"},
-	{"triu"}, {"trunc"}, {"unbind"}, {"unsqueeze"}, {"upsample_bilinear2d"},
-	{"upsample_nearest2d"}, {"var"}, {"view"}, {"where"}, {"zeros"},
-	{"zeros_like"}
-};
+    {"_adaptive_avg_pool2d"},
+    {"_adaptive_avg_pool2d_backward"},
+    {"_log_softmax"},
+    {"_log_softmax_backward_data"},
+    {"_native_batch_norm_legit_functional"},
+    {"_native_batch_norm_legit_no_training"},
+    {"_reshape_alias"},
+    {"_scaled_dot_product_flash_attention_for_cpu"},
+    {"_scaled_dot_product_flash_attention_for_cpu_backward"},
+    {"_softmax"},
+    {"_softmax_backward_data"},
+    {"_to_copy"},
+    {"_unsafe_view"},
+    {"abs"},
+    {"add"},
+    {"addmm"},
+    {"alias"},
+    {"all"},
+    {"amax"},
+    {"amin"},
+    {"any"},
+    {"arange"},
+    {"argmax"},
+    {"argmin"},
+    {"as_strided"},
+    {"atan2"},
+    {"avg_pool2d"},
+    {"avg_pool2d_backward"},
+    {"baddbmm"},
+    {"bitwise_and"},
+    {"bitwise_not"},
+    {"bitwise_or"},
+    {"bitwise_xor"},
+    {"bmm"},
+    {"cat"},
+    {"ceil"},
+    {"clamp"},
+    {"clamp_max"},
+    {"clamp_min"},
+    {"clone"},
+    {"constant_pad_nd"},
+    {"convert_element_type"},
+    {"convolution"},
+    {"convolution_backward"},
+    {"copy"},
+    {"cos"},
+    {"cumsum"},
+    {"detach"},
+    {"div"},
+    {"dynamic"},
+    {"elu"},
+    {"embedding"},
+    {"embedding_dense_backward"},
+    {"empty"},
+    {"eq"},
+    {"erf"},
+    {"exp"},
+    {"exp2"},
+    {"expand"},
+    {"expm1"},
+    {"fill"},
+    {"flip"},
+    {"floor"},
+    {"fmod"},
+    {"full"},
+    {"full_like"},
+    {"gather"},
+    {"ge"},
+    {"gelu"},
+    {"gelu_backward"},
+    {"gt"},
+    {"hardsigmoid"},
+    {"hardswish"},
+    {"hardtanh"},
+    {"index"},
+    {"index_put"},
+    {"index_select"},
+    {"isnan"},
+    {"le"},
+    {"leaky_relu"},
+    {"lerp"},
+    {"log"},
+    {"log1p"},
+    {"log2"},
+    {"logical_and"},
+    {"logical_not"},
+    {"logical_or"},
+    {"logical_xor"},
+    {"logsumexp"},
+    {"lt"},
+    {"masked_fill"},
+    {"max"},
+    {"max_pool2d_with_indices"},
+    {"max_pool2d_with_indices_backward"},
+    {"maximum"},
+    {"mean"},
+    {"min"},
+    {"minimum"},
+    {"mm"},
+    {"mse_loss"},
+    {"mse_loss_backward"},
+    {"mul"},
+    {"native_batch_norm"},
+    {"native_batch_norm_backward"},
+    {"native_dropout"},
+    {"native_dropout_backward"},
+    {"native_group_norm"},
+    {"native_group_norm_backward"},
+    {"native_layer_norm"},
+    {"native_layer_norm_backward"},
+    {"ne"},
+    {"neg"},
+    {"new_empty"},
+    {"new_full"},
+    {"new_ones"},
+    {"new_zeros"},
+    {"nll_loss_backward"},
+    {"nll_loss_forward"},
+    {"ones"},
+    {"ones_like"},
+    {"permute"},
+    {"pow"},
+    {"prod"},
+    {"reciprocal"},
+    {"relu"},
+    {"remainder"},
+    {"repeat"},
+    {"reshape"},
+    {"round"},
+    {"rsqrt"},
+    {"rsub"},
+    {"scalar_tensor"},
+    {"scatter"},
+    {"scatter_add"},
+    {"select"},
+    {"select_backward"},
+    {"sigmoid"},
+    {"sigmoid_backward"},
+    {"sign"},
+    {"silu"},
+    {"sin"},
+    {"slice"},
+    {"slice_backward"},
+    {"split"},
+    {"split_with_sizes"},
+    {"sqrt"},
+    {"squeeze"},
+    {"stack"},
+    {"std"},
+    {"sub"},
+    {"sum"},
+    {"t"},
+    {"tan"},
+    {"tanh"},
+    {"tanh_backward"},
+    {"threshold_backward"},
+    {"transpose"},
+    {"tril"},
+    {"triu"},
+    {"trunc"},
+    {"unbind"},
+    {"unsqueeze"},
+    {"upsample_bilinear2d"},
+    {"upsample_nearest2d"},
+    {"var"},
+    {"view"},
+    {"where"},
+    {"zeros"},
+    {"zeros_like"}};
 #define N_OP_FILES (sizeof(op_files) / sizeof(op_files[0]))
 
 /* tests/data/graphs/<name>.{graph,io}.msgpack (capture_corpus.py) */
 static const pname_t corpus[] = {
-	{"mlp_fwd"}, {"mlp_bwd"}, {"cnn_fwd"}, {"cnn_bwd"}, {"resnet18_fwd"},
-	{"transformer_layer_fwd"}, {"transformer_layer_bwd"}, {"gpt2_fwd"},
-	{"gpt2_bwd"}, {"bert_fwd"}, {"vit_fwd"}, {"transformer_dyn_fwd"},
-	{"mobilenet_v2_fwd"}, {"efficientnet_fwd"},
+    {"mlp_fwd"},
+    {"mlp_bwd"},
+    {"cnn_fwd"},
+    {"cnn_bwd"},
+    {"resnet18_fwd"},
+    {"transformer_layer_fwd"},
+    {"transformer_layer_bwd"},
+    {"gpt2_fwd"},
+    {"gpt2_bwd"},
+    {"bert_fwd"},
+    {"vit_fwd"},
+    {"transformer_dyn_fwd"},
+    {"mobilenet_v2_fwd"},
+    {"efficientnet_fwd"},
 };
 #define N_CORPUS (sizeof(corpus) / sizeof(corpus[0]))
 
 /* tests/data/bad/<name>.msgpack (make_op_cases.py writes them) */
-static const pname_t bad_files[] = {
-	{"broadcast"}, {"cat_shapes"}, {"conv_channels"}, {"dtype_bitwise_float"}, 
-	{"dtype_gelu_int"}, {"dtype_mean_int"}, {"dtype_mm_mixed"}, {"dtype_sub_bool"}, 
-	{"embedding_range"}, {"expand_bad"}, {"gelu_approx"}, {"input_shape"}, 
-	{"int_div_zero"}, {"later_node"}, {"layer_norm_shape"}, {"missing_arg"}, 
-	{"mm_shapes"}, {"out_dtype"}, {"out_rank"}, {"out_shape"}, {"permute_dup"}, 
-	{"reduce_dim_range"}, {"reduce_dim_range_neg"}, {"select_range"}, 
-	{"split_outputs"}, {"symbol_conflict"}, {"symbol_expr_dim"}, {"symbol_max"}, 
-	{"symbol_min"}, {"unknown_op"}, {"unknown_overload"}, {"view_infer"}, {"view_size"}, 
-	{"view_two_infer"}, {"wrong_arg_kind"}
-};
+static const pname_t bad_files[] = {{"broadcast"},
+				    {"cat_shapes"},
+				    {"conv_channels"},
+				    {"dtype_bitwise_float"},
+				    {"dtype_gelu_int"},
+				    {"dtype_mean_int"},
+				    {"dtype_mm_mixed"},
+				    {"dtype_sub_bool"},
+				    {"embedding_range"},
+				    {"expand_bad"},
+				    {"gelu_approx"},
+				    {"input_shape"},
+				    {"int_div_zero"},
+				    {"later_node"},
+				    {"layer_norm_shape"},
+				    {"missing_arg"},
+				    {"mm_shapes"},
+				    {"out_dtype"},
+				    {"out_rank"},
+				    {"out_shape"},
+				    {"permute_dup"},
+				    {"reduce_dim_range"},
+				    {"reduce_dim_range_neg"},
+				    {"select_range"},
+				    {"split_outputs"},
+				    {"symbol_conflict"},
+				    {"symbol_expr_dim"},
+				    {"symbol_max"},
+				    {"symbol_min"},
+				    {"unknown_op"},
+				    {"unknown_overload"},
+				    {"view_infer"},
+				    {"view_size"},
+				    {"view_two_infer"},
+				    {"wrong_arg_kind"}};
 #define N_BAD_FILES (sizeof(bad_files) / sizeof(bad_files[0]))
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -127,7 +288,8 @@ static void check_graph(const kiln_graph_t *g, const kiln_td_io_t *io,
 	char err[512] = "";
 	memset(r, 0, sizeof(*r));
 	kiln_tensor_t *in = calloc(g->n_inputs ? g->n_inputs : 1, sizeof(*in));
-	kiln_tensor_t *out = calloc(g->n_outputs ? g->n_outputs : 1, sizeof(*out));
+	kiln_tensor_t *out =
+	    calloc(g->n_outputs ? g->n_outputs : 1, sizeof(*out));
 	cr_assert(in != NULL && out != NULL);
 	int rc = kiln_td_make_inputs(g, io, in, err, sizeof(err));
 	if (rc < 0) {
@@ -141,8 +303,9 @@ static void check_graph(const kiln_graph_t *g, const kiln_td_io_t *io,
 		goto done;
 	}
 	if (io->n_outputs != g->n_outputs) {
-		snprintf(r->msg, sizeof(r->msg), "io has %u outputs, the graph %u",
-			 io->n_outputs, g->n_outputs);
+		snprintf(r->msg, sizeof(r->msg),
+			 "io has %u outputs, the graph %u", io->n_outputs,
+			 g->n_outputs);
 		goto done;
 	}
 	r->ok = true;
@@ -174,14 +337,15 @@ static void check_graph(const kiln_graph_t *g, const kiln_td_io_t *io,
 				same = out[k].sizes[d] == want.sizes[d];
 			if (!same) {
 				r->ok = false;
-				snprintf(r->msg, sizeof(r->msg), "output %u: wrong shape", k);
+				snprintf(r->msg, sizeof(r->msg),
+					 "output %u: wrong shape", k);
 			}
 			continue;
 		}
 		if (!kiln_td_compare(&out[k], &want, rtol, atol, &cmp)) {
 			r->ok = false;
-			snprintf(r->msg, sizeof(r->msg), "output %u (%s): %s", k,
-				 kiln_dtype_name(want.dtype), cmp.msg);
+			snprintf(r->msg, sizeof(r->msg), "output %u (%s): %s",
+				 k, kiln_dtype_name(want.dtype), cmp.msg);
 		}
 		if (kiln_dtype_is_float(want.dtype)) {
 			if (cmp.max_abs > r->max_abs)
@@ -224,16 +388,17 @@ ParameterizedTest(const pname_t *p, interp, op_cases)
 		result_t r;
 		check_graph(cs.cases[i].graph, &cs.cases[i].io, &r);
 		if (!r.ok) {
-			cr_log_error("%s/%s: %s", name, cs.cases[i].name, r.msg);
+			cr_log_error("%s/%s: %s", name, cs.cases[i].name,
+				     r.msg);
 			if (failed++ == 0)
-				snprintf(first, sizeof(first), "%s/%s: %s", name,
-					 cs.cases[i].name, r.msg);
+				snprintf(first, sizeof(first), "%s/%s: %s",
+					 name, cs.cases[i].name, r.msg);
 		}
 	}
 	uint32_t n = cs.n;
 	kiln_td_cases_free(&cs);
-	cr_expect_eq(failed, 0, "%d of %u cases of %s failed; first: %s", failed,
-		     n, name, first);
+	cr_expect_eq(failed, 0, "%d of %u cases of %s failed; first: %s",
+		     failed, n, name, first);
 }
 
 /* Every case file on disk is in op_files (and so is run). */
@@ -254,12 +419,13 @@ Test(interp, op_case_list_complete)
 		for (size_t k = 0; k < N_OP_FILES && !listed; k++)
 			listed = strlen(op_files[k].s) == l - ls &&
 				 strncmp(op_files[k].s, e->d_name, l - ls) == 0;
-		cr_expect(listed, "%s is not in op_files[] of test_interp.c", e->d_name);
+		cr_expect(listed, "%s is not in op_files[] of test_interp.c",
+			  e->d_name);
 		found++;
 	}
 	closedir(d);
-	cr_expect_eq(found, N_OP_FILES, "%zu case files on disk, %zu listed", found,
-		     (size_t)N_OP_FILES);
+	cr_expect_eq(found, N_OP_FILES, "%zu case files on disk, %zu listed",
+		     found, (size_t)N_OP_FILES);
 }
 
 /* Every op a case uses is one the interpreter says it supports. */
@@ -292,14 +458,18 @@ ParameterizedTest(const pname_t *p, interp, corpus)
 	int rc = kiln_td_graph_load(gpath, &g, err, sizeof(err));
 	cr_assert_eq(rc, 0, "%s: %s", gpath, err);
 	for (uint32_t n = 0; n < g->n_nodes; n++)
-		cr_expect(kiln_interp_supports(g->nodes[n].op), "%s: node %u: %s is "
-			  "not supported", name, n, g->nodes[n].op);
+		cr_expect(kiln_interp_supports(g->nodes[n].op),
+			  "%s: node %u: %s is "
+			  "not supported",
+			  name, n, g->nodes[n].op);
 	rc = kiln_td_io_load(iopath, &io, err, sizeof(err));
 	cr_assert_eq(rc, 0, "%s: %s", iopath, err);
 	result_t r;
 	check_graph(g, &io, &r);
-	cr_log_info("corpus %s: %u nodes, %u outputs, max abs err %.3g, max rel "
-		    "err %.3g", name, g->n_nodes, g->n_outputs, r.max_abs, r.max_rel);
+	cr_log_info(
+	    "corpus %s: %u nodes, %u outputs, max abs err %.3g, max rel "
+	    "err %.3g",
+	    name, g->n_nodes, g->n_outputs, r.max_abs, r.max_rel);
 	fprintf(stderr, "corpus %s: %u nodes, %u outputs, max abs err %.3g\n",
 		name, g->n_nodes, g->n_outputs, r.max_abs);
 	kiln_td_io_free(&io);
@@ -313,7 +483,8 @@ Test(interp, corpus_list_complete)
 	char path[1024];
 	uint8_t *buf;
 	size_t len;
-	snprintf(path, sizeof(path), "%s/graphs/index.json", KILN_TEST_DATA_DIR);
+	snprintf(path, sizeof(path), "%s/graphs/index.json",
+		 KILN_TEST_DATA_DIR);
 	cr_assert_eq(kiln_td_read_file(path, &buf, &len), 0, "%s", path);
 	char *s = malloc(len + 1);
 	cr_assert(s != NULL);
@@ -325,15 +496,19 @@ Test(interp, corpus_list_complete)
 		names++;
 	for (size_t k = 0; k < N_CORPUS; k++) {
 		char key[160];
-		snprintf(key, sizeof(key), "\"%.100s.graph.msgpack\"", corpus[k].s);
-		cr_expect(strstr(s, key) != NULL, "index.json lacks %s", corpus[k].s);
+		snprintf(key, sizeof(key), "\"%.100s.graph.msgpack\"",
+			 corpus[k].s);
+		cr_expect(strstr(s, key) != NULL, "index.json lacks %s",
+			  corpus[k].s);
 	}
-	cr_expect_eq(names, N_CORPUS, "index.json lists %zu graphs, corpus[] %zu",
-		     names, (size_t)N_CORPUS);
+	cr_expect_eq(names, N_CORPUS,
+		     "index.json lists %zu graphs, corpus[] %zu", names,
+		     (size_t)N_CORPUS);
 	free(s);
 }
 
-/* ---- rejections -------------------------------------------------------------- */
+/* ---- rejections
+ * -------------------------------------------------------------- */
 
 ParameterizedTestParameters(interp, bad)
 {
@@ -354,16 +529,19 @@ ParameterizedTest(const pname_t *p, interp, bad)
 	cr_assert_eq(kiln_td_read_file(path, &buf, &len), 0, "%s", path);
 	cr_assert(msgpack_zone_init(&zone, 4096));
 	cr_assert_eq(kiln_msgpack_unpack_map(buf, len, &lim, &zone, &obj, err,
-					     sizeof(err)), 0, "%s: %s", path, err);
+					     sizeof(err)),
+		     0, "%s: %s", path, err);
 	const msgpack_object *go = kiln_map_get(&obj, "graph");
 	const msgpack_object *ioo = kiln_map_get(&obj, "io");
 	const msgpack_object *eo = kiln_map_get(&obj, "error");
 	const msgpack_object *mo = kiln_map_get(&obj, "message");
 	cr_assert(go && ioo && eo && mo && eo->type == MSGPACK_OBJECT_STR &&
-		  mo->type == MSGPACK_OBJECT_STR, "%s: malformed", path);
+		      mo->type == MSGPACK_OBJECT_STR,
+		  "%s: malformed", path);
 	int want = kiln_err_from_wire_name(eo->via.str.ptr, eo->via.str.size);
 	char msg[512];
-	snprintf(msg, sizeof(msg), "%.*s", (int)mo->via.str.size, mo->via.str.ptr);
+	snprintf(msg, sizeof(msg), "%.*s", (int)mo->via.str.size,
+		 mo->via.str.ptr);
 	kiln_graph_t *g;
 	kiln_td_io_t io;
 	cr_assert_eq(kiln_graph_from_object(go, &lim, &g, err, sizeof(err)), 0,
@@ -374,17 +552,18 @@ ParameterizedTest(const pname_t *p, interp, bad)
 	free(buf);
 	kiln_tensor_t in[8], out[8];
 	cr_assert(g->n_inputs <= 8 && g->n_outputs <= 8);
-	cr_assert_eq(kiln_td_make_inputs(g, &io, in, err, sizeof(err)), 0, "%s: %s",
-		     path, err);
+	cr_assert_eq(kiln_td_make_inputs(g, &io, in, err, sizeof(err)), 0,
+		     "%s: %s", path, err);
 	memset(out, 0xab, sizeof(out));
 	err[0] = 0;
 	int rc = kiln_interp_run(g, in, out, err, sizeof(err));
 	cr_expect_eq(rc, want, "%s: got %d (%s) \"%s\", expected %s", name, rc,
 		     kiln_strerror(rc), err, kiln_strerror(want));
-	cr_expect(strstr(err, msg) != NULL, "%s: message \"%s\" lacks \"%s\"", name,
-		  err, msg);
+	cr_expect(strstr(err, msg) != NULL, "%s: message \"%s\" lacks \"%s\"",
+		  name, err, msg);
 	for (uint32_t k = 0; k < g->n_outputs; k++)
-		cr_expect(out[k].data == NULL, "%s: output %u left allocated", name, k);
+		cr_expect(out[k].data == NULL, "%s: output %u left allocated",
+			  name, k);
 	kiln_td_inputs_free(in, g->n_inputs);
 	kiln_td_io_free(&io);
 	kiln_graph_free(g);
@@ -407,7 +586,8 @@ Test(interp, bad_list_complete)
 		for (size_t k = 0; k < N_BAD_FILES && !listed; k++)
 			listed = strlen(bad_files[k].s) == l - 8 &&
 				 strncmp(bad_files[k].s, e->d_name, l - 8) == 0;
-		cr_expect(listed, "%s is not in bad_files[] of test_interp.c", e->d_name);
+		cr_expect(listed, "%s is not in bad_files[] of test_interp.c",
+			  e->d_name);
 		found++;
 	}
 	closedir(d);
@@ -429,9 +609,11 @@ static kiln_graph_t *load_bad_graph(const char *name)
 	cr_assert_eq(kiln_td_read_file(path, &buf, &len), 0, "%s", path);
 	cr_assert(msgpack_zone_init(&zone, 4096));
 	cr_assert_eq(kiln_msgpack_unpack_map(buf, len, &lim, &zone, &obj, err,
-					     sizeof(err)), 0);
-	cr_assert_eq(kiln_graph_from_object(kiln_map_get(&obj, "graph"), &lim, &g,
-					    err, sizeof(err)), 0, "%s", err);
+					     sizeof(err)),
+		     0);
+	cr_assert_eq(kiln_graph_from_object(kiln_map_get(&obj, "graph"), &lim,
+					    &g, err, sizeof(err)),
+		     0, "%s", err);
 	msgpack_zone_destroy(&zone);
 	free(buf);
 	return g;
@@ -442,22 +624,33 @@ Test(interp, input_rank_and_dtype)
 	/* input_shape.msgpack: f32[2,3] -> relu */
 	kiln_graph_t *g = load_bad_graph("input_shape");
 	float data[6] = {0};
-	kiln_tensor_t in = {.data = data, .dtype = KILN_DT_F32, .rank = 1,
-			    .sizes = {6}, .strides = {1}};
+	kiln_tensor_t in = {.data = data,
+			    .dtype = KILN_DT_F32,
+			    .rank = 1,
+			    .sizes = {6},
+			    .strides = {1}};
 	kiln_tensor_t out[1];
 	char err[512];
 	int rc = kiln_interp_run(g, &in, out, err, sizeof(err));
 	cr_expect_eq(rc, KILN_EINVGRAPH);
-	cr_expect(strstr(err, "input 0: got f32 rank 1, the graph declares f32 rank 2"),
-		  "%s", err);
-	kiln_tensor_t in2 = {.data = data, .dtype = KILN_DT_I32, .rank = 2,
-			     .sizes = {2, 3}, .strides = {3, 1}};
+	cr_expect(
+	    strstr(err,
+		   "input 0: got f32 rank 1, the graph declares f32 rank 2"),
+	    "%s", err);
+	kiln_tensor_t in2 = {.data = data,
+			     .dtype = KILN_DT_I32,
+			     .rank = 2,
+			     .sizes = {2, 3},
+			     .strides = {3, 1}};
 	rc = kiln_interp_run(g, &in2, out, err, sizeof(err));
 	cr_expect_eq(rc, KILN_EINVGRAPH);
 	cr_expect(strstr(err, "input 0: got i32") != NULL, "%s", err);
 	/* the right input, strided: accepted */
-	kiln_tensor_t in3 = {.data = data, .dtype = KILN_DT_F32, .rank = 2,
-			     .sizes = {2, 3}, .strides = {1, 2}};
+	kiln_tensor_t in3 = {.data = data,
+			     .dtype = KILN_DT_F32,
+			     .rank = 2,
+			     .sizes = {2, 3},
+			     .strides = {1, 2}};
 	rc = kiln_interp_run(g, &in3, out, err, sizeof(err));
 	cr_expect_eq(rc, 0, "%s", err);
 	cr_expect_eq(out[0].dtype, KILN_DT_F64);
@@ -473,10 +666,14 @@ Test(interp, symint_input)
 	char path[1024], err[512];
 	kiln_graph_t *g;
 	kiln_td_io_t io;
-	data_path(path, sizeof(path), "graphs", "transformer_dyn_fwd", ".graph.msgpack");
-	cr_assert_eq(kiln_td_graph_load(path, &g, err, sizeof(err)), 0, "%s", err);
-	data_path(path, sizeof(path), "graphs", "transformer_dyn_fwd", ".io.msgpack");
-	cr_assert_eq(kiln_td_io_load(path, &io, err, sizeof(err)), 0, "%s", err);
+	data_path(path, sizeof(path), "graphs", "transformer_dyn_fwd",
+		  ".graph.msgpack");
+	cr_assert_eq(kiln_td_graph_load(path, &g, err, sizeof(err)), 0, "%s",
+		     err);
+	data_path(path, sizeof(path), "graphs", "transformer_dyn_fwd",
+		  ".io.msgpack");
+	cr_assert_eq(kiln_td_io_load(path, &io, err, sizeof(err)), 0, "%s",
+		     err);
 	kiln_tensor_t *in = calloc(g->n_inputs, sizeof(*in));
 	kiln_tensor_t *out = calloc(g->n_outputs, sizeof(*out));
 	cr_assert_eq(kiln_td_make_inputs(g, &io, in, err, sizeof(err)), 0);
@@ -489,7 +686,8 @@ Test(interp, symint_input)
 	in[0].dtype = KILN_DT_F32; /* a symint must be an integer tensor */
 	rc = kiln_interp_run(g, in, out, err, sizeof(err));
 	cr_expect_eq(rc, KILN_EINVGRAPH);
-	cr_expect(strstr(err, "input 0: a symint input must be") != NULL, "%s", err);
+	cr_expect(strstr(err, "input 0: a symint input must be") != NULL, "%s",
+		  err);
 	in[0].dtype = KILN_DT_I64;
 	rc = kiln_interp_run(g, in, out, err, sizeof(err));
 	cr_expect_eq(rc, 0, "%s", err);
@@ -500,7 +698,7 @@ Test(interp, symint_input)
 	kiln_graph_free(g);
 }
 
-/* ---- testdata.c itself ----------------------------------------------------- */
+/* ---- testdata.c itself --------------------------------------------------- */
 
 Test(testdata, conversions)
 {
@@ -509,10 +707,11 @@ Test(testdata, conversions)
 	cr_expect_eq(kiln_td_f16_from_f64(65504.0), 0x7bff);
 	cr_expect_eq(kiln_td_f16_from_f64(65520.0), 0x7c00); /* rounds to inf */
 	cr_expect_eq(kiln_td_f16_from_f64(65519.99), 0x7bff);
-	cr_expect_eq(kiln_td_f16_from_f64(0x1p-24), 0x0001);	/* subnormal */
-	cr_expect_eq(kiln_td_f16_from_f64(0x1p-25), 0x0000);	/* tie to even */
+	cr_expect_eq(kiln_td_f16_from_f64(0x1p-24), 0x0001); /* subnormal */
+	cr_expect_eq(kiln_td_f16_from_f64(0x1p-25), 0x0000); /* tie to even */
 	cr_expect_eq(kiln_td_f16_from_f64(0x1.8p-25), 0x0001);
-	cr_expect_eq(kiln_td_f16_from_f64(1.0 + 0x1p-11), 0x3c00); /* tie: even */
+	cr_expect_eq(kiln_td_f16_from_f64(1.0 + 0x1p-11),
+		     0x3c00); /* tie: even */
 	cr_expect_eq(kiln_td_f16_from_f64(1.0 + 0x3p-11), 0x3c02);
 	cr_expect_eq(kiln_td_f16_from_f64(1e-30), 0);
 	cr_expect_eq(kiln_td_f16_from_f64(1e30), 0x7c00);
@@ -521,7 +720,7 @@ Test(testdata, conversions)
 	cr_expect_eq(kiln_td_f16_to_f64(0x0001), 0x1p-24);
 	cr_expect(isinf(kiln_td_f16_to_f64(0xfc00)));
 	cr_expect_eq(kiln_td_bf16_from_f64(1.0), 0x3f80);
-	cr_expect_eq(kiln_td_bf16_from_f64(1.0 + 0x1p-8), 0x3f80);  /* tie */
+	cr_expect_eq(kiln_td_bf16_from_f64(1.0 + 0x1p-8), 0x3f80); /* tie */
 	cr_expect_eq(kiln_td_bf16_from_f64(1.0 + 0x3p-8), 0x3f82);
 	cr_expect_eq(kiln_td_bf16_from_f64(-3.0e38), 0xff62);
 	cr_expect_eq(kiln_td_bf16_from_f64(1e39), 0x7f80);
@@ -542,16 +741,22 @@ Test(testdata, prng)
 	cr_expect_eq(kiln_td_prng_uniform(42, 3, -1, 1), -0.3116186857223511);
 	static const int64_t ri[5] = {-1, -1, 3, -3, 2};
 	for (int i = 0; i < 5; i++)
-		cr_expect_eq(kiln_td_prng_randint(9, (uint64_t)i, -3, 4), ri[i]);
-	cr_expect_eq(kiln_td_bf16_from_f64(kiln_td_prng_uniform(11, 2, -1, 1)), 0x3e8d);
-	cr_expect_eq(kiln_td_f16_from_f64(kiln_td_prng_uniform(11, 2, -1, 1)), 0x346b);
+		cr_expect_eq(kiln_td_prng_randint(9, (uint64_t)i, -3, 4),
+			     ri[i]);
+	cr_expect_eq(kiln_td_bf16_from_f64(kiln_td_prng_uniform(11, 2, -1, 1)),
+		     0x3e8d);
+	cr_expect_eq(kiln_td_f16_from_f64(kiln_td_prng_uniform(11, 2, -1, 1)),
+		     0x346b);
 }
 
 Test(testdata, compare)
 {
 	double a[4] = {1, 2, 3, NAN}, b[4] = {1, 2.00001, 3.5, NAN};
-	kiln_tensor_t ta = {.data = a, .dtype = KILN_DT_F64, .rank = 1,
-			    .sizes = {4}, .strides = {1}};
+	kiln_tensor_t ta = {.data = a,
+			    .dtype = KILN_DT_F64,
+			    .rank = 1,
+			    .sizes = {4},
+			    .strides = {1}};
 	kiln_tensor_t tb = ta;
 	tb.data = b;
 	kiln_td_cmp_t r;
@@ -563,5 +768,6 @@ Test(testdata, compare)
 	cr_expect(kiln_td_compare(&ta, &tb, 0.2, 0, &r), "%s", r.msg);
 	tb.sizes[0] = 3;
 	cr_expect(!kiln_td_compare(&ta, &tb, 1, 1, &r));
-	cr_expect(strstr(r.msg, "shape [4], expected [3]") != NULL, "%s", r.msg);
+	cr_expect(strstr(r.msg, "shape [4], expected [3]") != NULL, "%s",
+		  r.msg);
 }

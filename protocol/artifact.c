@@ -934,21 +934,7 @@ int kiln_artifact_pack(const kiln_artifact_t *a, msgpack_packer *pk)
 			       : msgpack_pack_nil(pk);
 
 	rc |= kiln_pack_cstr(pk, "symbols");
-	rc |= msgpack_pack_map(pk, a->n_symbols);
-	for (uint32_t i = 0; i < a->n_symbols; i++) {
-		const kiln_symbol_t *s = &a->symbols[i];
-		rc |= kiln_pack_cstr(pk, s->name);
-		rc |= msgpack_pack_map(pk, s->hint >= 0 ? 3 : 2);
-		rc |= kiln_pack_cstr(pk, "min");
-		rc |= msgpack_pack_int64(pk, s->min);
-		rc |= kiln_pack_cstr(pk, "max");
-		rc |= s->max >= 0 ? msgpack_pack_int64(pk, s->max)
-				  : msgpack_pack_nil(pk);
-		if (s->hint >= 0) {
-			rc |= kiln_pack_cstr(pk, "hint");
-			rc |= msgpack_pack_int64(pk, s->hint);
-		}
-	}
+	rc |= kiln__pack_symbols(pk, a->symbols, a->n_symbols);
 	rc |= kiln_pack_cstr(pk, "bindings");
 	rc |= msgpack_pack_array(pk, a->n_symbols);
 	for (uint32_t i = 0; i < a->n_symbols; i++) {

@@ -854,21 +854,7 @@ int kiln_graph_pack(const kiln_graph_t *g, msgpack_packer *pk)
 	rc |= kiln_pack_cstr(pk, "format");
 	rc |= kiln_pack_cstr(pk, "kiln.graph/1");
 	rc |= kiln_pack_cstr(pk, "symbols");
-	rc |= msgpack_pack_map(pk, g->n_symbols);
-	for (uint32_t i = 0; i < g->n_symbols; i++) {
-		const kiln_symbol_t *s = &g->symbols[i];
-		rc |= kiln_pack_cstr(pk, s->name);
-		rc |= msgpack_pack_map(pk, s->hint >= 0 ? 3 : 2);
-		rc |= kiln_pack_cstr(pk, "min");
-		rc |= msgpack_pack_int64(pk, s->min);
-		rc |= kiln_pack_cstr(pk, "max");
-		rc |= s->max >= 0 ? msgpack_pack_int64(pk, s->max)
-				  : msgpack_pack_nil(pk);
-		if (s->hint >= 0) {
-			rc |= kiln_pack_cstr(pk, "hint");
-			rc |= msgpack_pack_int64(pk, s->hint);
-		}
-	}
+	rc |= kiln__pack_symbols(pk, g->symbols, g->n_symbols);
 	rc |= kiln_pack_cstr(pk, "inputs");
 	rc |= msgpack_pack_array(pk, g->n_inputs);
 	for (uint32_t i = 0; i < g->n_inputs; i++)
@@ -912,6 +898,28 @@ bool kiln__valid_ident(const char *s, size_t n)
 bool kiln__valid_op_name(const char *s, size_t n)
 {
 	return valid_op_name(s, n);
+}
+
+/* The "symbols" map of a graph or an artifact: name -> {min, max, hint}. */
+int kiln__pack_symbols(msgpack_packer *pk, const kiln_symbol_t *syms,
+		       uint32_t n)
+{
+	int rc = msgpack_pack_map(pk, n);
+	for (uint32_t i = 0; i < n; i++) {
+		const kiln_symbol_t *s = &syms[i];
+		rc |= kiln_pack_cstr(pk, s->name);
+		rc |= msgpack_pack_map(pk, s->hint >= 0 ? 3 : 2);
+		rc |= kiln_pack_cstr(pk, "min");
+		rc |= msgpack_pack_int64(pk, s->min);
+		rc |= kiln_pack_cstr(pk, "max");
+		rc |= s->max >= 0 ? msgpack_pack_int64(pk, s->max)
+				  : msgpack_pack_nil(pk);
+		if (s->hint >= 0) {
+			rc |= kiln_pack_cstr(pk, "hint");
+			rc |= msgpack_pack_int64(pk, s->hint);
+		}
+	}
+	return rc;
 }
 
 int kiln__graph_parse_symbols(kiln__dctx_t *c, const msgpack_object *syms)

@@ -71,6 +71,8 @@ int kiln__graph_parse_arg(kiln__dctx_t *c, const msgpack_object *o,
 
 /* Packing in Graph v1's encoding; g supplies the symbol names only. Each
  * returns 0 or non-zero when the packer failed. */
+int kiln__pack_symbols(msgpack_packer *pk, const kiln_symbol_t *syms,
+		       uint32_t n);
 int kiln__graph_pack_dim(const kiln_graph_t *g, msgpack_packer *pk,
 			 kiln_dim_t d);
 int kiln__graph_pack_expr(const kiln_graph_t *g, msgpack_packer *pk,

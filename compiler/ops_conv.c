@@ -70,6 +70,30 @@ static lt_t *as2d(cctx_t *c, lt_t *t)
 	return t->rank == 3 ? lt_unsqueeze(c, t, 2) : t;
 }
 
+/* The direct forms: a sum over the dims `rmask` of a 7-d product space. */
+static int sum7(lnode_t *n, kiln_dtype_t acc, const kiln_dim_t *fs,
+		const sx_t *body, uint32_t rmask, lt_t **out)
+{
+	lt_t *full = lt_fn(n->c, acc, 7, fs, body);
+	if (full == NULL)
+		return -ENOMEM;
+	return lred(n, full, rmask, false, RED_SUM, acc, out);
+}
+
+/* sum7 as output `out` of the node (1-d convolutions drop the dummy
+ * spatial dim 2). */
+static int sum7_out(lnode_t *n, kiln_dtype_t acc, const kiln_dim_t *fs,
+		    const sx_t *body, uint32_t rmask, uint32_t nd, uint32_t out)
+{
+	lt_t *r;
+	int rc = sum7(n, acc, fs, body, rmask, &r);
+	if (rc != 0)
+		return rc;
+	if (nd == 1)
+		r = lt_squeeze_dim(n->c, r, 2);
+	return lset(n, out, r);
+}
+
 /* x[n, ch, ih, iw] with ih/iw from output and kernel positions; guarded. */
 static const sx_t *xin(cctx_t *c, const lt_t *x, const kiln_expr_t *n,
 		       const kiln_expr_t *ch, const kiln_expr_t *ih,
@@ -157,11 +181,8 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		const sx_t *body = sx_bin(
 		    c, OP_MUL, sx_cast(c, xin(c, x, IV(0), ch, ih, iw), acc),
 		    sx_cast(c, lt_at(c, w, wi), acc));
-		lt_t *full = lt_fn(c, acc, 7, fs, body);
-		if (full == NULL)
-			return -ENOMEM;
-		rc = lred(n, full, (1u << 2) | (1u << 3) | (1u << 4), false,
-			  RED_SUM, acc, &y);
+		rc = sum7(n, acc, fs, body, (1u << 2) | (1u << 3) | (1u << 4),
+			  &y);
 		if (rc != 0)
 			return rc;
 	} else {
@@ -338,16 +359,8 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		    c, ok,
 		    sx_bin(c, OP_MUL, g, sx_cast(c, lt_at(c, w, wi), acc)),
 		    sxf(c, 0, acc));
-		lt_t *full = lt_fn(c, acc, 7, fs, body), *gx;
-		if (full == NULL)
-			return -ENOMEM;
-		rc = lred(n, full, (1u << 2) | (1u << 3) | (1u << 4), false,
-			  RED_SUM, acc, &gx);
-		if (rc != 0)
-			return rc;
-		if (cv.nd == 1)
-			gx = lt_squeeze_dim(c, gx, 2);
-		rc = lset(n, 0, gx);
+		rc = sum7_out(n, acc, fs, body,
+			      (1u << 2) | (1u << 3) | (1u << 4), cv.nd, 0);
 		if (rc != 0)
 			return rc;
 	}
@@ -368,16 +381,8 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		const sx_t *body =
 		    sx_bin(c, OP_MUL, sx_cast(c, lt_at(c, go, gi), acc),
 			   sx_cast(c, xin(c, x, IV(4), ch, ih, iw), acc));
-		lt_t *full = lt_fn(c, acc, 7, fs, body), *gw;
-		if (full == NULL)
-			return -ENOMEM;
-		rc = lred(n, full, (1u << 4) | (1u << 5) | (1u << 6), false,
-			  RED_SUM, acc, &gw);
-		if (rc != 0)
-			return rc;
-		if (cv.nd == 1)
-			gw = lt_squeeze_dim(c, gw, 2);
-		rc = lset(n, 1, gw);
+		rc = sum7_out(n, acc, fs, body,
+			      (1u << 4) | (1u << 5) | (1u << 6), cv.nd, 1);
 		if (rc != 0)
 			return rc;
 	}

@@ -62,9 +62,10 @@ int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 	unsigned maj, min, pat;
 	LLVMGetVersion(&maj, &min, &pat);
 	snprintf(c->fingerprint, sizeof(c->fingerprint),
-		 "kiln/%s llvm/%u.%u.%u build/%s blas/%s", KILN_VERSION_STRING,
-		 maj, min, pat, KILN_BUILD_ID,
-		 c->blas[0] ? "openblas" : "none");
+		 "kiln/%s llvm/%u.%u.%u build/%s blas/%s math/%s",
+		 KILN_VERSION_STRING, maj, min, pat, KILN_BUILD_ID,
+		 c->blas[0] ? "openblas" : "none",
+		 c->cpu.libmvec[0] ? "libmvec" : "poly");
 	*out = c;
 	return 0;
 }
@@ -664,8 +665,7 @@ static void cctx_init(cctx_t *c, kiln_compiler_t *kc, const kiln_graph_t *g,
 	c->err = err;
 	c->errlen = errlen;
 	c->vec_width = kc->cpu.vec_width;
-	const char *m = getenv("KILN_MATH");
-	c->use_libmvec = m != NULL && strcmp(m, "libmvec") == 0;
+	c->use_libmvec = kc->cpu.libmvec[0] != '\0';
 	const char *nf = getenv("KILN_NOFUSE");
 	c->nofuse = nf != NULL && nf[0] == '1';
 	c->hint_default = 64;

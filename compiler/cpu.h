@@ -16,6 +16,9 @@ typedef struct cpu_target {
 	char cpu[64];
 	char linker[256];
 	bool linker_is_lld;
+	/* KILN_MATH, read once: "" = kiln's polynomials (default), else the
+	 * path of glibc's libmvec that kernels call and the link adds */
+	char libmvec[128];
 	int vec_width; /* f32 lanes */
 } cpu_target_t;
 

@@ -156,6 +156,27 @@ int cpu_target_init(cpu_target_t *t, const kiln_target_t *want, char *err,
 				  "cannot create an LLVM TargetMachine");
 	const char *f = t->target.features;
 	t->vec_width = strstr(f, "+avx512f") ? 16 : strstr(f, "+avx") ? 8 : 4;
+	const char *math = getenv("KILN_MATH");
+	if (math != NULL && math[0] != '\0' && strcmp(math, "poly") != 0) {
+		static const char mvec[] = "/lib/x86_64-linux-gnu/libmvec.so.1";
+		int rc = 0;
+		if (strcmp(math, "libmvec") != 0)
+			rc =
+			    kiln__errf(err, errlen, KILN_EBADREQ,
+				       "KILN_MATH=\"%.40s\": expected \"poly\" "
+				       "(the default) or \"libmvec\"",
+				       math);
+		else if (access(mvec, R_OK) != 0)
+			rc = kiln__errf(err, errlen, KILN_EBADREQ,
+					"KILN_MATH=libmvec, but %s is missing",
+					mvec);
+		if (rc != 0) {
+			LLVMDisposeTargetMachine(t->tm);
+			t->tm = NULL;
+			return rc;
+		}
+		snprintf(t->libmvec, sizeof(t->libmvec), "%s", mvec);
+	}
 	find_linker(t);
 	if (t->linker[0] == '\0') {
 		LLVMDisposeTargetMachine(t->tm);
@@ -335,10 +356,8 @@ int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
 	argv[ac++] = o;
 	if (libm != NULL)
 		argv[ac++] = (char *)libm;
-	const char *math = getenv("KILN_MATH");
-	if (math != NULL && strcmp(math, "libmvec") == 0 &&
-	    access("/lib/x86_64-linux-gnu/libmvec.so.1", R_OK) == 0)
-		argv[ac++] = "/lib/x86_64-linux-gnu/libmvec.so.1";
+	if (t->libmvec[0] != '\0')
+		argv[ac++] = t->libmvec;
 	argv[ac] = NULL;
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);

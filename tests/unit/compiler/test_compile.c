@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef KILN_TEST_DATA_DIR
 #error "KILN_TEST_DATA_DIR must be defined"
@@ -786,4 +787,61 @@ Test(invalid, declared_shape_disagrees)
 	gb_t b;
 	one_node(&b, "aten.relu.default", 3, 4, -1, 0, 4, 3, 0, NULL);
 	expect_invalid("relu out shape", &b, "declared size");
+}
+
+/* KILN_MATH is read once, when the compiler is made: an unknown value is
+ * an error naming it, and the choice is part of the fingerprint. (Each
+ * Criterion test runs in its own process: setenv stays here.) */
+Test(settings, math_choice_is_checked_and_fingerprinted)
+{
+	char err[512];
+	kiln_compiler_t *kc = NULL;
+	setenv("KILN_MATH", "fast", 1);
+	int rc = kiln_compiler_new(NULL, &kc, err, sizeof(err));
+	cr_assert_neq(rc, 0);
+	cr_assert_null(kc);
+	cr_expect(strstr(err, "KILN_MATH=\"fast\"") != NULL, "%s", err);
+
+	setenv("KILN_MATH", "poly", 1);
+	cr_assert_eq(kiln_compiler_new(NULL, &kc, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_expect(strstr(kiln_compiler_fingerprint(kc), "math/poly") != NULL,
+		  "%s", kiln_compiler_fingerprint(kc));
+	kiln_compiler_free(kc);
+
+	if (access("/lib/x86_64-linux-gnu/libmvec.so.1", R_OK) == 0) {
+		setenv("KILN_MATH", "libmvec", 1);
+		cr_assert_eq(kiln_compiler_new(NULL, &kc, err, sizeof(err)), 0,
+			     "%s", err);
+		cr_expect(strstr(kiln_compiler_fingerprint(kc),
+				 "math/libmvec") != NULL,
+			  "%s", kiln_compiler_fingerprint(kc));
+		kiln_compiler_free(kc);
+	}
+	unsetenv("KILN_MATH");
+}
+
+/* A linker that cannot run fails the compile with its path, and the
+ * compiler stays usable. */
+Test(settings, a_linker_that_cannot_run_is_a_clear_error)
+{
+	setenv("KILN_LINKER", "/nonexistent/ld", 1);
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	one_node(&b, "aten.add.Tensor", 3, 4, 3, 4, 3, 4, 0, NULL);
+	kiln_graph_t *g = graph_from_json_like("add", &b.sb);
+	char err[512];
+	kiln_artifact_t *a = NULL;
+	kiln_compile_stats_t st;
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	strcpy(opts.mode, "default");
+	int rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+	cr_expect_eq(rc, KILN_ECOMPILE, "rc %d: %s", rc, err);
+	cr_expect_null(a);
+	cr_expect(strstr(err, "/nonexistent/ld") != NULL, "%s", err);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+	unsetenv("KILN_LINKER");
 }

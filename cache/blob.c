@@ -123,8 +123,9 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 }
 
 int kiln__blob_write(kiln_cache_t *c, const uint8_t hash[32], const void *bytes,
-		     size_t n, char *err, size_t errlen)
+		     size_t n, bool *named, char *err, size_t errlen)
 {
+	*named = false;
 	char final[PATH_MAX], sub[PATH_MAX], tmp[PATH_MAX + 64];
 	kiln__blob_path(c, hash, final, sizeof(final));
 	size_t dirlen = strlen(final) - 63; /* strip "/<62 hex>" */
@@ -162,15 +163,12 @@ int kiln__blob_write(kiln_cache_t *c, const uint8_t hash[32], const void *bytes,
 		return kiln__errf(err, errlen, rc, "%s %s: %s", step, tmp,
 				  kiln_strerror(rc));
 	}
+	*named = true;
 	if (!c->opts.no_fsync) {
 		rc = fsync_dir(sub);
-		if (rc < 0) {
-			/* The name may not be durable: take it back so that
-			 * no row ever points at it. */
-			unlink(final);
+		if (rc < 0) /* the name may not be durable: the put fails */
 			return kiln__errf(err, errlen, rc, "fsync %s: %s", sub,
 					  kiln_strerror(rc));
-		}
 	}
 	return 0;
 }

@@ -89,13 +89,11 @@ static int pin_write(kiln_cache_t *c, const uint8_t hash[32])
 	return p != NULL ? 0 : -ENOMEM;
 }
 
-static void unpin(kiln_cache_t *c, const uint8_t hash[32], bool reused)
+static void unpin(kiln_cache_t *c, const uint8_t hash[32])
 {
 	pthread_mutex_lock(&c->pin_mu);
 	kiln__pin_t *p = pin_find(c, hash);
 	if (p != NULL) {
-		if (reused)
-			p->unlink_on_release = false;
 		if (--p->count == 0) {
 			if (p->unlink_on_release)
 				kiln__blob_unlink(c, hash);
@@ -106,7 +104,9 @@ static void unpin(kiln_cache_t *c, const uint8_t hash[32], bool reused)
 }
 
 /* The blob's row is gone: remove its file now, or when the last of the
- * other pins goes. self is 1 when the caller holds a pin on it. */
+ * other pins goes. self is 1 when the caller holds a pin on it. Call under
+ * write_mu, so that the decision is ordered with puts that re-create the
+ * row (they clear the mark under write_mu, see put_index). */
 static void release_file(kiln_cache_t *c, const uint8_t hash[32], int self)
 {
 	pthread_mutex_lock(&c->pin_mu);
@@ -118,7 +118,29 @@ static void release_file(kiln_cache_t *c, const uint8_t hash[32], int self)
 	pthread_mutex_unlock(&c->pin_mu);
 }
 
+/* A put committed a row for hash: a pending unlink must not happen. Call
+ * under write_mu. */
+static void keep_file(kiln_cache_t *c, const uint8_t hash[32])
+{
+	pthread_mutex_lock(&c->pin_mu);
+	kiln__pin_t *p = pin_find(c, hash);
+	if (p != NULL)
+		p->unlink_on_release = false;
+	pthread_mutex_unlock(&c->pin_mu);
+}
+
 /* ---- small helpers ----------------------------------------------------- */
+
+/* A 32-byte column; zeros when the stored value has another length (a
+ * damaged row then names no blob, and reads as a miss). */
+static void col32(sqlite3_stmt *st, int i, uint8_t out[32])
+{
+	const void *p = sqlite3_column_blob(st, i);
+	if (p != NULL && sqlite3_column_bytes(st, i) == 32)
+		memcpy(out, p, 32);
+	else
+		memset(out, 0, 32);
+}
 
 static uint64_t fs_free(const kiln_cache_t *c)
 {
@@ -193,7 +215,7 @@ static int blob_unref(kiln__conn_t *k, int64_t id, bool *freed,
 			   ? 0
 			   : kiln__sqlerr(k, rc, "read blob", err, errlen);
 	}
-	memcpy(hash, sqlite3_column_blob(by, 0), 32);
+	col32(by, 0, hash);
 	*size = (uint64_t)sqlite3_column_int64(by, 1);
 	int64_t refs = sqlite3_column_int64(by, 2);
 	sqlite3_reset(by);
@@ -347,7 +369,7 @@ static void touch_queue(kiln_cache_t *c, const uint8_t key[32])
 {
 	int64_t now_ms = kiln__now_ms();
 	pthread_mutex_lock(&c->touch_mu);
-	if (c->ntouches < c->opts.touch_batch) {
+	if (c->ntouches < 4 * (size_t)c->opts.touch_batch) {
 		if (c->ntouches == 0)
 			c->touch_oldest_ms = now_ms;
 		memcpy(c->touches[c->ntouches].key, key, 32);
@@ -360,11 +382,14 @@ static void touch_queue(kiln_cache_t *c, const uint8_t key[32])
 	    c->ntouches >= c->opts.touch_batch ||
 	    now_ms - c->touch_oldest_ms >= (int64_t)c->opts.touch_flush_ms;
 	pthread_mutex_unlock(&c->touch_mu);
-	if (due) {
+	/* A get never waits for a writer to write its hit: when the write
+	 * lock is busy, a later hit (or gc, list, stats, close) flushes. */
+	if (due && pthread_mutex_trylock(&c->write_mu) == 0) {
 		char err[256];
-		if (kiln_cache_flush(c, err, sizeof(err)) < 0)
+		if (flush_locked(c, err, sizeof(err)) < 0)
 			KILN_LOG(KILN_LOG_WARN,
 				 "msg=\"hits not written\" err=\"%s\"", err);
+		pthread_mutex_unlock(&c->write_mu);
 	}
 }
 
@@ -455,7 +480,7 @@ static int lookup(kiln_cache_t *c, const uint8_t key[32], kiln_cache_entry_t *e,
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
 		memcpy(e->key, key, KILN_CACHE_KEY_BYTES);
-		memcpy(e->blob, sqlite3_column_blob(st, 0), 32);
+		col32(st, 0, e->blob);
 		e->size = (uint64_t)sqlite3_column_int64(st, 1);
 		build = sqlite3_column_int64(st, 2);
 		e->created = sqlite3_column_int64(st, 3);
@@ -498,7 +523,7 @@ int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	rc = kiln__blob_read(c, hash, out->entry.size, &out->data, err, errlen);
 	if (rc == KILN__BLOB_BAD)
 		drop_bad(c, hash);
-	unpin(c, hash, false);
+	unpin(c, hash);
 	if (rc == KILN__BLOB_OK) {
 		out->size = (size_t)out->entry.size;
 		KILN__COUNT(c, hits, 1);
@@ -554,9 +579,9 @@ static int gc_batch(kiln_cache_t *c, kiln__conn_t *k, uint64_t need,
 	while (n < GC_BATCH && (rc = sqlite3_step(st)) == SQLITE_ROW) {
 		if (seen++ < *skip)
 			continue;
-		memcpy(v[n].key, sqlite3_column_blob(st, 0), 32);
+		col32(st, 0, v[n].key);
 		v[n].blob = sqlite3_column_int64(st, 1);
-		memcpy(v[n].hash, sqlite3_column_blob(st, 2), 32);
+		col32(st, 2, v[n].hash);
 		v[n].size = (uint64_t)sqlite3_column_int64(st, 3);
 		v[n].refs_left = sqlite3_column_int64(st, 4);
 		n++;
@@ -586,12 +611,11 @@ static int gc_batch(kiln_cache_t *c, kiln__conn_t *k, uint64_t need,
 		if (v[i].last) {
 			if (p == NULL)
 				p = pin_add(c, v[i].hash);
-			if (p == NULL) {
-				v[i].last = false; /* row goes, file stays:
-						      an orphan for the scan */
-			} else {
-				p->dying = true;
+			if (p == NULL) { /* no memory: leave it be */
+				v[i].refs_left++;
+				continue;
 			}
+			p->dying = true;
 			got += v[i].size;
 		}
 		if (chosen != i)
@@ -659,8 +683,10 @@ static int gc_batch(kiln_cache_t *c, kiln__conn_t *k, uint64_t need,
 	return chosen > 0 ? chosen : (n > 0 && *skip > 0 ? -EAGAIN : 0);
 }
 
-static int gc_locked(kiln_cache_t *c, uint64_t target, uint64_t *evicted,
-		     char *err, size_t errlen)
+/* Evicts until bytes + extra <= target and the disk keeps min_free_bytes
+ * free with extra more bytes written. Call under write_mu. */
+static int gc_locked(kiln_cache_t *c, uint64_t target, uint64_t extra,
+		     uint64_t *evicted, char *err, size_t errlen)
 {
 	char ferr[256];
 	if (flush_locked(c, ferr, sizeof(ferr)) < 0)
@@ -674,12 +700,11 @@ static int gc_locked(kiln_cache_t *c, uint64_t target, uint64_t *evicted,
 	uint64_t total = 0, freed = 0;
 	for (;;) {
 		uint64_t bytes = atomic_load(&c->bytes), free_b = fs_free(c);
-		uint64_t need = 0;
-		if (bytes > target)
-			need = bytes - target;
-		if (free_b < c->opts.min_free_bytes &&
-		    c->opts.min_free_bytes - free_b > need)
-			need = c->opts.min_free_bytes - free_b;
+		uint64_t need = 0, want_free = c->opts.min_free_bytes + extra;
+		if (bytes + extra > target)
+			need = bytes + extra - target;
+		if (free_b < want_free && want_free - free_b > need)
+			need = want_free - free_b;
 		if (need == 0)
 			break;
 		rc = gc_batch(c, k, need, &skip, &freed, err, errlen);
@@ -707,14 +732,16 @@ int kiln_cache_gc(kiln_cache_t *c, uint64_t target_bytes, uint64_t *evicted,
 	if (target_bytes == UINT64_MAX)
 		target_bytes = c->opts.max_bytes;
 	pthread_mutex_lock(&c->write_mu);
-	int rc = gc_locked(c, target_bytes, evicted, err, errlen);
+	int rc = gc_locked(c, target_bytes, 0, evicted, err, errlen);
 	pthread_mutex_unlock(&c->write_mu);
 	return rc;
 }
 
 /* ---- put --------------------------------------------------------------- */
 
-/* 1 when the blob already has a row and a file of its size. */
+/* 1 when the blob already has a row and a file that verifies (a rotted
+ * one is written anew from the caller's bytes, which heals it for every
+ * key that shares it). The caller holds a pin on hash. */
 static int blob_present(kiln_cache_t *c, const uint8_t hash[32])
 {
 	int rc = 0;
@@ -727,10 +754,7 @@ static int blob_present(kiln_cache_t *c, const uint8_t hash[32])
 	kiln__conn_put(c, k);
 	if (found != 1)
 		return 0;
-	char path[PATH_MAX];
-	struct stat st;
-	kiln__blob_path(c, hash, path, sizeof(path));
-	return stat(path, &st) == 0 && (uint64_t)st.st_size == size;
+	return kiln__blob_check(c, hash, size) == KILN__BLOB_OK;
 }
 
 static int check_meta(const kiln_cache_meta_t *m, char *err, size_t errlen)
@@ -757,8 +781,11 @@ static int put_index(kiln_cache_t *c, const kiln__jrec_t *r, bool wrote,
 {
 	int rc = 0;
 	kiln__conn_t *k = kiln__conn_get(c, &rc, err, errlen);
-	if (k == NULL)
+	if (k == NULL) {
+		if (wrote) /* cannot tell whether a row names it: scan */
+			atomic_store(&c->dirty, true);
 		return rc;
+	}
 	pthread_mutex_lock(&c->builds_mu);
 	size_t nbuilds = c->nbuilds;
 	pthread_mutex_unlock(&c->builds_mu);
@@ -779,14 +806,54 @@ static int put_index(kiln_cache_t *c, const kiln__jrec_t *r, bool wrote,
 		/* A blob this put wrote and no row names goes again. */
 		int64_t id, refs;
 		uint64_t size;
-		if (wrote &&
-		    blob_find(k, r->hash, &id, &size, &refs, NULL, 0) == 0)
+		int f = wrote
+			    ? blob_find(k, r->hash, &id, &size, &refs, NULL, 0)
+			    : 1;
+		if (f == 0)
 			release_file(c, r->hash, 1);
+		else if (f < 0)
+			atomic_store(&c->dirty, true);
 	} else {
 		gauges_put(c, fx, r->size);
+		keep_file(c, r->hash);
+		if (fx->old_freed)
+			release_file(c, fx->old_hash, 0);
+		if (++c->puts_since_journal_check >= 1024) {
+			c->puts_since_journal_check = 0;
+			struct stat js;
+			if (c->journal_fd >= 0 &&
+			    fstat(c->journal_fd, &js) == 0 &&
+			    (uint64_t)js.st_size > kiln__journal_limit(c)) {
+				char jerr[256];
+				if (kiln__journal_compact(c, k, jerr,
+							  sizeof(jerr)) < 0) {
+					KILN_LOG(KILN_LOG_WARN,
+						 "msg=\"journal not "
+						 "rewritten\" err=\"%s\"",
+						 jerr);
+					atomic_store(&c->dirty, true);
+				}
+			}
+		}
 	}
 	kiln__conn_put(c, k);
 	return rc;
+}
+
+/* A blob this put named but could not make durable: remove it unless a
+ * row (another put's) names it. Call under write_mu, holding its pin. */
+static void put_forget(kiln_cache_t *c, const uint8_t hash[32])
+{
+	int rc = 0;
+	kiln__conn_t *k = kiln__conn_get(c, &rc, NULL, 0);
+	int64_t id, refs;
+	uint64_t size;
+	int f = k != NULL ? blob_find(k, hash, &id, &size, &refs, NULL, 0) : -1;
+	kiln__conn_put(c, k);
+	if (f == 0)
+		release_file(c, hash, 1);
+	else if (f < 0)
+		atomic_store(&c->dirty, true);
 }
 
 int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
@@ -821,37 +888,40 @@ int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 		KILN__COUNT(c, put_errors, 1);
 		return rc;
 	}
-	bool wrote = false;
+	bool wrote = false, named = false;
+	/* No eviction before the write: on a full disk the put fails and
+	 * everything stored stays. The gc after a put restores the limits. */
 	if (!blob_present(c, r.hash)) {
-		rc = kiln__blob_write(c, r.hash, bytes, size, err, errlen);
-		wrote = rc == 0;
+		rc = kiln__blob_write(c, r.hash, bytes, size, &named, err,
+				      errlen);
+		wrote = named;
 	}
 	kiln__put_effect_t fx;
-	if (rc == 0) {
-		pthread_mutex_lock(&c->write_mu);
+	pthread_mutex_lock(&c->write_mu);
+	if (rc == 0)
 		rc = put_index(c, &r, wrote, &fx, err, errlen);
-		pthread_mutex_unlock(&c->write_mu);
+	else if (named) /* renamed, then the directory fsync failed */
+		put_forget(c, r.hash);
+	if (rc == 0 && (atomic_load(&c->bytes) > c->opts.max_bytes ||
+			fs_free(c) < c->opts.min_free_bytes)) {
+		/* Still pinned: gc cannot pick the blob just put. */
+		char gerr[256];
+		if (gc_locked(c, c->opts.max_bytes / 10 * 9, 0, NULL, gerr,
+			      sizeof(gerr)) < 0)
+			KILN_LOG(KILN_LOG_WARN, "msg=\"gc failed\" err=\"%s\"",
+				 gerr);
 	}
-	unpin(c, r.hash, rc == 0);
+	pthread_mutex_unlock(&c->write_mu);
+	unpin(c, r.hash);
 	if (rc < 0) {
 		KILN__COUNT(c, put_errors, 1);
 		KILN_LOG(KILN_LOG_WARN, "msg=\"put failed\" err=\"%s\"",
 			 err != NULL ? err : kiln_strerror(rc));
 		return rc;
 	}
-	if (fx.old_freed)
-		release_file(c, fx.old_hash, 0);
 	KILN__COUNT(c, puts, 1);
 	if (!fx.new_blob)
 		KILN__COUNT(c, dedup_puts, 1);
-	if (atomic_load(&c->bytes) > c->opts.max_bytes ||
-	    fs_free(c) < c->opts.min_free_bytes) {
-		char gerr[256];
-		if (kiln_cache_gc(c, c->opts.max_bytes / 10 * 9, NULL, gerr,
-				  sizeof(gerr)) < 0)
-			KILN_LOG(KILN_LOG_WARN, "msg=\"gc failed\" err=\"%s\"",
-				 gerr);
-	}
 	return 0;
 }
 
@@ -942,10 +1012,10 @@ int kiln_cache_evict(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 			KILN__COUNT(c, evicted_bytes, size);
 		}
 	}
-	kiln__conn_put(c, k);
-	pthread_mutex_unlock(&c->write_mu);
 	if (rc == 0 && freed)
 		release_file(c, hash, 0);
+	kiln__conn_put(c, k);
+	pthread_mutex_unlock(&c->write_mu);
 	return rc;
 }
 
@@ -1029,8 +1099,8 @@ int kiln_cache_list(kiln_cache_t *c, const kiln_cache_filter_t *filter,
 		}
 		kiln_cache_entry_t *e = &v[cnt++];
 		memset(e, 0, sizeof(*e));
-		memcpy(e->key, sqlite3_column_blob(st, 0), 32);
-		memcpy(e->blob, sqlite3_column_blob(st, 1), 32);
+		col32(st, 0, e->key);
+		col32(st, 1, e->blob);
 		e->size = (uint64_t)sqlite3_column_int64(st, 2);
 		snprintf(e->target, sizeof(e->target), "%s",
 			 (const char *)sqlite3_column_text(st, 3));
@@ -1129,7 +1199,7 @@ int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 		sqlite3_bind_int64(st, 1, last);
 		while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
 			last = sqlite3_column_int64(st, 0);
-			memcpy(page[n].hash, sqlite3_column_blob(st, 1), 32);
+			col32(st, 1, page[n].hash);
 			page[n].size = (uint64_t)sqlite3_column_int64(st, 2);
 			page[n].refs = sqlite3_column_int64(st, 3);
 			n++;
@@ -1154,7 +1224,7 @@ int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 				out->blobs_bad++;
 				out->entries_dropped += (uint64_t)d;
 			}
-			unpin(c, page[i].hash, false);
+			unpin(c, page[i].hash);
 		}
 	}
 	sqlite3_finalize(st);

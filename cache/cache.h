@@ -48,7 +48,10 @@ typedef struct kiln_cache_options {
 	 * evicts least recently used entries down to 90% of it. */
 	uint64_t max_bytes;
 	/* Free space to leave on the filesystem; 0 = 2% of it, capped at
-	 * 1 GiB. Puts evict (then fail with -ENOSPC) rather than go under. */
+	 * 1 GiB. A put that leaves less runs gc until there is this much
+	 * again (never evicting the entry just put). A put never evicts
+	 * before it writes: on a full disk it fails with -ENOSPC and
+	 * everything stored stays. */
 	uint64_t min_free_bytes;
 	/* SQLite busy_timeout for every connection; 0 = 5000 ms. */
 	uint32_t busy_timeout_ms;

@@ -53,7 +53,10 @@
 	X(LRU, "SELECT e.key, e.blob, b.hash, b.size, b.refs FROM entries e "   \
 	       "JOIN blobs b ON b.id = e.blob "                                 \
 	       "ORDER BY e.last_used, e.created, e.key LIMIT ?1")               \
-	X(BUILD_INS, "INSERT INTO builds(target, fingerprint) VALUES(?1, ?2)")  \
+	X(BUILD_INS, "INSERT OR IGNORE INTO builds(target, fingerprint) "       \
+		     "VALUES(?1, ?2)")                                          \
+	X(BUILD_FIND, "SELECT id FROM builds WHERE target = ?1 "                \
+		      "AND fingerprint = ?2")                                   \
 	X(META_SET, "INSERT OR REPLACE INTO meta(k, v) VALUES(?1, ?2)")         \
 	X(META_GET, "SELECT v FROM meta WHERE k = ?1")
 /* clang-format on */
@@ -69,6 +72,7 @@ enum {
  * (borrowed from the pool for the length of one call). */
 typedef struct kiln__conn {
 	sqlite3 *db;
+	const char *path;		  /* the index file, for messages */
 	sqlite3_stmt *st[KILN__ST_COUNT]; /* prepared on first use */
 	struct kiln__conn *next;
 } kiln__conn_t;
@@ -101,8 +105,13 @@ struct kiln_cache {
 	kiln_cache_options_t opts; /* resolved: no zero "defaults" left */
 	uint64_t fs_bytes;	   /* filesystem size at open */
 	int lock_fd;
-	int journal_fd; /* O_APPEND; -1 when it could not be opened */
-	bool journal_bad;
+	int journal_fd;	  /* O_APPEND; -1 when it could not be opened */
+	bool journal_bad; /* under write_mu: appends stopped */
+	/* Set when this session may have left a file without a row (an
+	 * error path could not clean up): close then leaves the store
+	 * marked unclean, so the next open scans. */
+	atomic_bool dirty;
+	uint64_t puts_since_journal_check; /* under write_mu */
 	EVP_MD *sha256;
 
 	pthread_mutex_t write_mu;
@@ -170,9 +179,11 @@ void kiln__blob_path(const kiln_cache_t *c, const uint8_t hash[32], char *out,
 void kiln__sha256(const kiln_cache_t *c, const void *p, size_t n,
 		  uint8_t out[32]);
 /* Writes the blob durably (temp, fsync, rename, fsync dir). 0 or -errno,
- * with the path in err; no temp file survives a failure. */
+ * with the path in err; no temp file survives a failure. *named is true
+ * once the rename happened: on a failure after it (the directory fsync)
+ * the caller decides, under write_mu, whether the name goes again. */
 int kiln__blob_write(kiln_cache_t *c, const uint8_t hash[32], const void *bytes,
-		     size_t n, char *err, size_t errlen);
+		     size_t n, bool *named, char *err, size_t errlen);
 
 enum { KILN__BLOB_OK = 0, KILN__BLOB_BAD = 1, KILN__BLOB_IOERR = 2 };
 /* Reads and verifies a blob of the given size into a malloc'd buffer.
@@ -215,6 +226,8 @@ int kiln__journal_append(kiln_cache_t *c, const kiln__jrec_t *r, char *err,
 int kiln__journal_replay(kiln_cache_t *c,
 			 int (*fn)(const kiln__jrec_t *r, void *arg),
 			 void *arg);
+/* The journal size above which it is rewritten. */
+uint64_t kiln__journal_limit(const kiln_cache_t *c);
 /* Rewrites the journal from the index (temp, fsync, rename). */
 int kiln__journal_compact(kiln_cache_t *c, kiln__conn_t *k, char *err,
 			  size_t errlen);

@@ -90,7 +90,7 @@ int kiln__journal_append(kiln_cache_t *c, const kiln__jrec_t *r, char *err,
 			 size_t errlen)
 {
 	if (c->journal_fd < 0)
-		return 0; /* lost at open; rewritten at the next open */
+		return 0; /* journal_bad: rewritten at the next open */
 	uint8_t rec[JRECMAX];
 	size_t n = encode(c, r, rec);
 	struct stat st;
@@ -108,6 +108,10 @@ int kiln__journal_append(kiln_cache_t *c, const kiln__jrec_t *r, char *err,
 	int rc = w < 0 ? -errno : -ENOSPC;
 	/* Cut a partial record back so later records stay reachable. */
 	if (w > 0 && ftruncate(c->journal_fd, st.st_size) < 0) {
+		/* Later records would sit behind a torn one that replay
+		 * stops at: stop appending until the next open rewrites. */
+		close(c->journal_fd);
+		c->journal_fd = -1;
 		c->journal_bad = true;
 		KILN_LOG(KILN_LOG_WARN,
 			 "msg=\"journal has a torn record; rewritten at next "
@@ -227,6 +231,12 @@ int kiln__journal_compact(kiln_cache_t *c, kiln__conn_t *k, char *err,
 		close(c->journal_fd);
 	c->journal_fd = open(c->journal_path,
 			     O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (c->journal_fd < 0) {
+		int rc = -errno;
+		c->journal_bad = true;
+		return kiln__errf(err, errlen, rc, "reopen %s: %s",
+				  c->journal_path, kiln_strerror(rc));
+	}
 	c->journal_bad = false;
 	return 0;
 }

@@ -84,7 +84,8 @@ int kiln__sqlerr(kiln__conn_t *k, int rc, const char *what, char *err,
 	case SQLITE_CANTOPEN: code = -EACCES; break;
 	default: code = KILN_EINTERNAL; break;
 	}
-	return kiln__errf(err, errlen, code, "index %s: %s (sqlite %d)", what,
+	return kiln__errf(err, errlen, code, "index %s %s: %s (sqlite %d)",
+			  k != NULL && k->path != NULL ? k->path : "", what,
 			  k != NULL && k->db != NULL ? sqlite3_errmsg(k->db)
 						     : sqlite3_errstr(rc),
 			  rc);
@@ -141,32 +142,36 @@ static void conn_close(kiln__conn_t *k)
 	free(k);
 }
 
-static kiln__conn_t *conn_open(kiln_cache_t *c, int flags, int *rc, char *err,
-			       size_t errlen)
+/* A new connection. On failure *sqlrc (may be NULL) gets SQLite's code,
+ * so that open can tell "not a database" from other trouble. */
+static kiln__conn_t *conn_open(kiln_cache_t *c, int flags, int *rc, int *sqlrc,
+			       char *err, size_t errlen)
 {
 	kiln__conn_t *k = calloc(1, sizeof(*k));
 	if (k == NULL) {
 		*rc = -ENOMEM;
 		return NULL;
 	}
+	k->path = c->index_path;
 	int s = sqlite3_open_v2(
 	    c->index_path, &k->db,
 	    flags | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, NULL);
+	if (s == SQLITE_OK)
+		s = sqlite3_exec(k->db, "PRAGMA synchronous=NORMAL", NULL, NULL,
+				 NULL);
 	if (s != SQLITE_OK) {
+		if (sqlrc != NULL)
+			*sqlrc = s;
 		*rc = kiln__sqlerr(k, s, "open", err, errlen);
 		conn_close(k);
 		return NULL;
 	}
-	sqlite3_busy_timeout(k->db, (int)c->opts.busy_timeout_ms);
-	/* synchronous=NORMAL is safe here: in WAL mode it never corrupts
-	 * the database, and a commit lost to a power cut is only a row the
-	 * blobs and journal can bring back (or a miss); blobs themselves are
+	/* synchronous=NORMAL (above) is safe here: in WAL mode it never
+	 * corrupts the database, and a commit lost to a power cut is only a
+	 * row the blobs and journal can bring back (or a miss); blobs are
 	 * fsync'ed before their row is written and verified on every read. */
-	*rc = exec_sql(k, "PRAGMA synchronous=NORMAL", "pragma", err, errlen);
-	if (*rc < 0) {
-		conn_close(k);
-		return NULL;
-	}
+	sqlite3_busy_timeout(k->db, (int)c->opts.busy_timeout_ms);
+	*rc = 0;
 	return k;
 }
 
@@ -180,7 +185,7 @@ kiln__conn_t *kiln__conn_get(kiln_cache_t *c, int *rc, char *err, size_t errlen)
 	pthread_mutex_unlock(&c->pool_mu);
 	if (k != NULL)
 		return k;
-	return conn_open(c, SQLITE_OPEN_READWRITE, rc, err, errlen);
+	return conn_open(c, SQLITE_OPEN_READWRITE, rc, NULL, err, errlen);
 }
 
 void kiln__conn_put(kiln_cache_t *c, kiln__conn_t *k)
@@ -225,6 +230,8 @@ int kiln__build_id(kiln_cache_t *c, kiln__conn_t *k, const char *target,
 		}
 	}
 	pthread_mutex_unlock(&c->builds_mu);
+	/* INSERT OR IGNORE + SELECT: correct whether or not the row (or a
+	 * stale cache) already has it. */
 	sqlite3_stmt *st = kiln__stmt(k, KILN__ST_BUILD_INS);
 	if (st == NULL)
 		return kiln__sqlerr(k, sqlite3_errcode(k->db), "insert build",
@@ -234,7 +241,18 @@ int kiln__build_id(kiln_cache_t *c, kiln__conn_t *k, const char *target,
 	int rc = kiln__exec_stmt(k, st, "insert build", err, errlen);
 	if (rc < 0)
 		return rc;
-	*id = sqlite3_last_insert_rowid(k->db);
+	st = kiln__stmt(k, KILN__ST_BUILD_FIND);
+	if (st == NULL)
+		return kiln__sqlerr(k, sqlite3_errcode(k->db), "find build",
+				    err, errlen);
+	sqlite3_bind_text(st, 1, target, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, fp, -1, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*id = sqlite3_column_int64(st, 0);
+	sqlite3_reset(st);
+	if (rc != SQLITE_ROW)
+		return kiln__sqlerr(k, rc, "find build", err, errlen);
 	/* The row is in the caller's transaction; should it roll back, the
 	 * cached id names no row and the next put of this build would
 	 * point at nothing. Drop the cache entry then (see put). */
@@ -268,20 +286,31 @@ int kiln__builds_load(kiln_cache_t *c, kiln__conn_t *k, char *err,
 	    k->db, "SELECT id, target, fingerprint FROM builds", -1, &st, NULL);
 	if (rc != SQLITE_OK)
 		return kiln__sqlerr(k, rc, "read builds", err, errlen);
-	pthread_mutex_lock(&c->builds_mu);
-	c->nbuilds = 0;
+	/* Load into a scratch store, swap in only when complete. */
+	kiln_cache_t tmp;
+	tmp.builds = NULL;
+	tmp.nbuilds = tmp.cap_builds = 0;
 	int out = 0;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW && out == 0) {
 		const char *t = (const char *)sqlite3_column_text(st, 1);
 		const char *f = (const char *)sqlite3_column_text(st, 2);
-		out = builds_add(c, sqlite3_column_int64(st, 0), t ? t : "",
+		out = builds_add(&tmp, sqlite3_column_int64(st, 0), t ? t : "",
 				 f ? f : "");
 	}
-	pthread_mutex_unlock(&c->builds_mu);
 	if (out == 0 && rc != SQLITE_DONE)
 		out = kiln__sqlerr(k, rc, "read builds", err, errlen);
 	sqlite3_finalize(st);
-	return out;
+	if (out < 0) {
+		free(tmp.builds);
+		return out;
+	}
+	pthread_mutex_lock(&c->builds_mu);
+	free(c->builds);
+	c->builds = tmp.builds;
+	c->nbuilds = tmp.nbuilds;
+	c->cap_builds = tmp.cap_builds;
+	pthread_mutex_unlock(&c->builds_mu);
+	return 0;
 }
 
 /* ---- the lock ---------------------------------------------------------- */
@@ -366,7 +395,7 @@ static int quick_check(kiln__conn_t *k, char *what, size_t whatlen)
 	return kiln__sqlerr(k, rc, "quick_check", NULL, 0);
 }
 
-static void move_aside(kiln_cache_t *c)
+static int move_aside(kiln_cache_t *c, char *err, size_t errlen)
 {
 	char dst[PATH_MAX], src[PATH_MAX];
 	long t = (long)kiln__now();
@@ -379,14 +408,23 @@ static void move_aside(kiln_cache_t *c)
 		char d[PATH_MAX + 8];
 		snprintf(src, sizeof(src), "%s%s", c->index_path, sfx[i]);
 		snprintf(d, sizeof(d), "%s%s", dst, sfx[i]);
-		if (rename(src, d) < 0 && errno != ENOENT)
-			unlink(src);
+		if (rename(src, d) < 0 && errno != ENOENT) {
+			int rc = -errno;
+			return kiln__errf(err, errlen, rc,
+					  "move %s aside to %s: %s", src, d,
+					  kiln_strerror(rc));
+		}
 	}
 	KILN_LOG(KILN_LOG_WARN, "msg=\"index moved aside\" path=%s", dst);
+	return 0;
 }
 
-static int migrate(kiln_cache_t *c, kiln__conn_t *k, int64_t *from, char *err,
-		   size_t errlen)
+/* Brings the index to KILN__CACHE_SCHEMA. When it starts from nothing
+ * (version 0) and mark_rebuild, meta 'rebuild' = 1 commits together with
+ * the schema, so that a crash before the rebuild's own commit leaves an
+ * index that says "rebuild me", never an empty one that looks complete. */
+static int migrate(kiln_cache_t *c, kiln__conn_t *k, bool mark_rebuild,
+		   int64_t *from, char *err, size_t errlen)
 {
 	int64_t v = 0;
 	int rc = pragma_int(k, "PRAGMA user_version", &v);
@@ -406,8 +444,13 @@ static int migrate(kiln_cache_t *c, kiln__conn_t *k, int64_t *from, char *err,
 		if ((rc = exec_sql(k, "BEGIN IMMEDIATE", "migrate", err,
 				   errlen)) < 0)
 			return rc;
+		const char *mark = v == 0 && mark_rebuild
+				       ? "INSERT OR REPLACE INTO meta(k, v) "
+					 "VALUES('rebuild', 1)"
+				       : "SELECT 1";
 		if ((rc = exec_sql(k, migrations[v], "migrate", err, errlen)) <
 			0 ||
+		    (rc = exec_sql(k, mark, "migrate", err, errlen)) < 0 ||
 		    (rc = exec_sql(k, set, "migrate", err, errlen)) < 0 ||
 		    (rc = exec_sql(k, "COMMIT", "migrate", err, errlen)) < 0) {
 			sqlite3_exec(k->db, "ROLLBACK", NULL, NULL, NULL);
@@ -513,7 +556,19 @@ static int rebuild(kiln_cache_t *c, kiln__conn_t *k, char *err, size_t errlen)
 		free(r.v);
 		return rc;
 	}
-	rc = kiln__journal_replay(c, rebuild_record, &r);
+	/* An interrupted earlier rebuild may have left rows: start over. The
+	 * rebuild flag clears in the same transaction as the new rows. */
+	rc =
+	    exec_sql(k,
+		     "DELETE FROM entries; DELETE FROM blobs; "
+		     "DELETE FROM builds; DELETE FROM meta WHERE k = 'rebuild'",
+		     "rebuild", err, errlen);
+	if (rc == 0) {
+		pthread_mutex_lock(&c->builds_mu);
+		c->nbuilds = 0;
+		pthread_mutex_unlock(&c->builds_mu);
+		rc = kiln__journal_replay(c, rebuild_record, &r);
+	}
 	if (rc == 0)
 		rc = exec_sql(k, "COMMIT", "rebuild", err, errlen);
 	if (rc < 0) {
@@ -609,6 +664,24 @@ static bool has_content(const char *path)
 	return any;
 }
 
+/* Rewrites the journal; a failure is not fatal (the old one still
+ * replays) but leaves the store marked unclean so the next open tries
+ * again. */
+static void journal_rewrite(kiln_cache_t *c, kiln__conn_t *k)
+{
+	char err[256];
+	if (kiln__journal_compact(c, k, err, sizeof(err)) < 0) {
+		KILN_LOG(KILN_LOG_WARN,
+			 "msg=\"journal not rewritten\" err=\"%s\"", err);
+		atomic_store(&c->dirty, true);
+	}
+}
+
+uint64_t kiln__journal_limit(const kiln_cache_t *c)
+{
+	return 2 * atomic_load(&c->entries) * 256 + (1u << 20);
+}
+
 /* Opens, checks, migrates or rebuilds the index; returns the first
  * connection. */
 static int open_index(kiln_cache_t *c, kiln__conn_t **out, bool *scan,
@@ -619,11 +692,20 @@ static int open_index(kiln_cache_t *c, kiln__conn_t **out, bool *scan,
 	bool need_rebuild = false;
 	kiln__conn_t *k = NULL;
 	if (exists) {
-		k = conn_open(c, SQLITE_OPEN_READWRITE, &rc, err, errlen);
-		if (k == NULL && rc != KILN_EINTERNAL)
+		int sqlrc = SQLITE_OK;
+		k = conn_open(c, SQLITE_OPEN_READWRITE, &rc, &sqlrc, err,
+			      errlen);
+		int prim = sqlrc & 0xff;
+		if (k == NULL && prim != SQLITE_NOTADB &&
+		    prim != SQLITE_CORRUPT)
 			return rc;
 		char what[256] = "";
-		int q = k != NULL ? quick_check(k, what, sizeof(what)) : 0;
+		int q = 0;
+		if (k != NULL)
+			q = quick_check(k, what, sizeof(what));
+		else
+			snprintf(what, sizeof(what), "%s",
+				 sqlite3_errstr(sqlrc));
 		if (q < 0) {
 			conn_close(k);
 			return kiln__errf(err, errlen, q,
@@ -637,17 +719,16 @@ static int open_index(kiln_cache_t *c, kiln__conn_t **out, bool *scan,
 				 c->index_path, what);
 			conn_close(k);
 			k = NULL;
-			move_aside(c);
-			need_rebuild = true;
+			if ((rc = move_aside(c, err, errlen)) < 0)
+				return rc;
 		}
 	}
 	if (k == NULL) {
 		k = conn_open(c, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
-			      &rc, err, errlen);
+			      &rc, NULL, err, errlen);
 		if (k == NULL)
 			return rc;
 	}
-	int64_t wal = 0;
 	char mode[32] = "";
 	sqlite3_stmt *st;
 	if (sqlite3_prepare_v2(k->db, "PRAGMA journal_mode=WAL", -1, &st,
@@ -657,31 +738,30 @@ static int open_index(kiln_cache_t *c, kiln__conn_t **out, bool *scan,
 				 (const char *)sqlite3_column_text(st, 0));
 		sqlite3_finalize(st);
 	}
-	(void)wal;
 	if (strcmp(mode, "wal") != 0) {
 		rc = kiln__sqlerr(k, sqlite3_errcode(k->db), "journal_mode=WAL",
 				  err, errlen);
 		conn_close(k);
 		return rc;
 	}
-	int64_t from = 0;
-	if ((rc = migrate(c, k, &from, err, errlen)) < 0 ||
+	/* A new (missing, empty or moved-aside) index in a store that has
+	 * blobs or a journal is rebuilt from them. */
+	bool content =
+	    has_content(c->journal_path) || has_content(c->objects_path);
+	int64_t from = 0, flag = 0;
+	if ((rc = migrate(c, k, content, &from, err, errlen)) < 0 ||
 	    (rc = kiln__builds_load(c, k, err, errlen)) < 0) {
 		conn_close(k);
 		return rc;
 	}
-	/* A new (missing, empty or moved-aside) index in a store that has
-	 * blobs or a journal: rebuild from them. */
-	if (from == 0 &&
-	    (has_content(c->journal_path) || has_content(c->objects_path)))
-		need_rebuild = true;
+	need_rebuild = meta_get_int(k, "rebuild", &flag) == 1 && flag == 1;
 	if (need_rebuild) {
 		rc = rebuild(c, k, err, errlen);
 		*scan = false;
 		if (rc == 0)
 			rc = kiln__builds_load(c, k, err, errlen);
 		if (rc == 0)
-			rc = kiln__journal_compact(c, k, err, errlen);
+			journal_rewrite(c, k);
 	} else {
 		int64_t clean = 0;
 		int found = meta_get_int(k, "clean", &clean);
@@ -834,7 +914,8 @@ int kiln_cache_open(const char *dir, const kiln_cache_options_t *opts,
 	if ((rc = resolve_options(c, opts, err, errlen)) < 0 ||
 	    (rc = take_lock(c, err, errlen)) < 0)
 		goto fail;
-	c->touches = calloc(c->opts.touch_batch, sizeof(*c->touches));
+	c->touches =
+	    calloc(4 * (size_t)c->opts.touch_batch, sizeof(*c->touches));
 	if (c->touches == NULL) {
 		rc = -ENOMEM;
 		goto fail;
@@ -849,8 +930,10 @@ int kiln_cache_open(const char *dir, const kiln_cache_options_t *opts,
 	bool scan = false;
 	if ((rc = open_index(c, &k, &scan, err, errlen)) < 0)
 		goto fail;
-	c->journal_fd = open(c->journal_path,
-			     O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (c->journal_fd < 0) /* a rebuild's rewrite opened it already */
+		c->journal_fd =
+		    open(c->journal_path,
+			 O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 	if (c->journal_fd < 0) {
 		rc = -errno;
 		kiln__errf(err, errlen, rc, "open %s: %s", c->journal_path,
@@ -866,14 +949,13 @@ int kiln_cache_open(const char *dir, const kiln_cache_options_t *opts,
 			 c->dir);
 		orphan_scan_t o = {c, k};
 		rc = kiln__objects_walk(c, orphan_blob, &o);
-		if (rc == 0)
-			rc = kiln__journal_compact(c, k, err, errlen);
 		if (rc < 0) {
 			kiln__errf(err, errlen, rc, "recover %s: %s", c->dir,
 				   kiln_strerror(rc));
 			conn_close(k);
 			goto fail;
 		}
+		journal_rewrite(c, k);
 	}
 	if ((rc = load_gauges(c, k, err, errlen)) < 0) {
 		conn_close(k);
@@ -881,14 +963,17 @@ int kiln_cache_open(const char *dir, const kiln_cache_options_t *opts,
 	}
 	struct stat js;
 	if (!scan && fstat(c->journal_fd, &js) == 0 &&
-	    (uint64_t)js.st_size >
-		2 * atomic_load(&c->entries) * 256 + (1u << 20)) {
-		if ((rc = kiln__journal_compact(c, k, err, errlen)) < 0) {
-			conn_close(k);
-			goto fail;
-		}
-	}
-	if ((rc = meta_set_int(k, "clean", 0, err, errlen)) < 0) {
+	    (uint64_t)js.st_size > kiln__journal_limit(c))
+		journal_rewrite(c, k);
+	/* The unclean mark must be durable before any put can leave debris
+	 * behind: this one commit syncs the WAL (synchronous=FULL). */
+	rc = exec_sql(k, "PRAGMA synchronous=FULL", "pragma", err, errlen);
+	if (rc == 0)
+		rc = meta_set_int(k, "clean", 0, err, errlen);
+	if (rc == 0)
+		rc = exec_sql(k, "PRAGMA synchronous=NORMAL", "pragma", err,
+			      errlen);
+	if (rc < 0) {
 		conn_close(k);
 		goto fail;
 	}
@@ -920,7 +1005,7 @@ void kiln_cache_close(kiln_cache_t *c)
 	if (k != NULL) {
 		/* A journal with a torn record is rewritten at the next
 		 * open, which an unclean mark triggers. */
-		if (!c->journal_bad &&
+		if (!c->journal_bad && !atomic_load(&c->dirty) &&
 		    meta_set_int(k, "clean", 1, err, sizeof(err)) < 0)
 			KILN_LOG(KILN_LOG_WARN,
 				 "msg=\"clean shutdown not recorded\" "

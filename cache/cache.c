@@ -367,13 +367,13 @@ int kiln_cache_flush(kiln_cache_t *c, char *err, size_t errlen)
  * whose write fails is counted in touch_dropped. */
 static void touch_queue(kiln_cache_t *c, const uint8_t key[32])
 {
-	int64_t now_ms = kiln__now_ms();
+	int64_t now_ms = kiln__cache_now_ms();
 	pthread_mutex_lock(&c->touch_mu);
 	if (c->ntouches < 4 * (size_t)c->opts.touch_batch) {
 		if (c->ntouches == 0)
 			c->touch_oldest_ms = now_ms;
 		memcpy(c->touches[c->ntouches].key, key, 32);
-		c->touches[c->ntouches].when = kiln__now();
+		c->touches[c->ntouches].when = kiln__cache_now();
 		c->ntouches++;
 	} else {
 		KILN__COUNT(c, touch_dropped, 1);
@@ -700,7 +700,8 @@ static int gc_locked(kiln_cache_t *c, uint64_t target, uint64_t extra,
 	uint64_t total = 0, freed = 0;
 	for (;;) {
 		uint64_t bytes = atomic_load(&c->bytes), free_b = fs_free(c);
-		uint64_t need = 0, want_free = c->opts.min_free_bytes + extra;
+		uint64_t need = 0,
+			 want_free = atomic_load(&c->min_free_bytes) + extra;
 		if (bytes + extra > target)
 			need = bytes + extra - target;
 		if (free_b < want_free && want_free - free_b > need)
@@ -730,7 +731,7 @@ int kiln_cache_gc(kiln_cache_t *c, uint64_t target_bytes, uint64_t *evicted,
 		  char *err, size_t errlen)
 {
 	if (target_bytes == UINT64_MAX)
-		target_bytes = c->opts.max_bytes;
+		target_bytes = atomic_load(&c->max_bytes);
 	pthread_mutex_lock(&c->write_mu);
 	int rc = gc_locked(c, target_bytes, 0, evicted, err, errlen);
 	pthread_mutex_unlock(&c->write_mu);
@@ -865,10 +866,11 @@ int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	int rc = check_meta(m, err, errlen);
 	if (rc == 0 && bytes == NULL && size > 0)
 		rc = kiln__errf(err, errlen, -EINVAL, "no bytes");
-	if (rc == 0 && size > c->opts.max_bytes)
-		rc = kiln__errf(err, errlen, KILN_ETOOLARGE,
-				"blob of %zu bytes exceeds max_bytes %llu",
-				size, (unsigned long long)c->opts.max_bytes);
+	if (rc == 0 && size > atomic_load(&c->max_bytes))
+		rc =
+		    kiln__errf(err, errlen, KILN_ETOOLARGE,
+			       "blob of %zu bytes exceeds max_bytes %llu", size,
+			       (unsigned long long)atomic_load(&c->max_bytes));
 	if (rc < 0) {
 		KILN__COUNT(c, put_errors, 1);
 		return rc;
@@ -877,7 +879,7 @@ int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	memcpy(r.key, key, KILN_CACHE_KEY_BYTES);
 	kiln__sha256(c, size > 0 ? bytes : "", size, r.hash);
 	r.size = size;
-	r.created = kiln__now();
+	r.created = kiln__cache_now();
 	r.compile_ms = m->compile_ms;
 	r.source = (uint8_t)m->source;
 	snprintf(r.target, sizeof(r.target), "%s", m->target ? m->target : "");
@@ -902,12 +904,12 @@ int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 		rc = put_index(c, &r, wrote, &fx, err, errlen);
 	else if (named) /* renamed, then the directory fsync failed */
 		put_forget(c, r.hash);
-	if (rc == 0 && (atomic_load(&c->bytes) > c->opts.max_bytes ||
-			fs_free(c) < c->opts.min_free_bytes)) {
+	if (rc == 0 && (atomic_load(&c->bytes) > atomic_load(&c->max_bytes) ||
+			fs_free(c) < atomic_load(&c->min_free_bytes))) {
 		/* Still pinned: gc cannot pick the blob just put. */
 		char gerr[256];
-		if (gc_locked(c, c->opts.max_bytes / 10 * 9, 0, NULL, gerr,
-			      sizeof(gerr)) < 0)
+		if (gc_locked(c, atomic_load(&c->max_bytes) / 10 * 9, 0, NULL,
+			      gerr, sizeof(gerr)) < 0)
 			KILN_LOG(KILN_LOG_WARN, "msg=\"gc failed\" err=\"%s\"",
 				 gerr);
 	}
@@ -1147,8 +1149,8 @@ int kiln_cache_stats(kiln_cache_t *c, kiln_cache_stats_t *out, char *err,
 	out->entries = atomic_load(&c->entries);
 	out->blobs = atomic_load(&c->blobs);
 	out->bytes = atomic_load(&c->bytes);
-	out->max_bytes = c->opts.max_bytes;
-	out->min_free_bytes = c->opts.min_free_bytes;
+	out->max_bytes = atomic_load(&c->max_bytes);
+	out->min_free_bytes = atomic_load(&c->min_free_bytes);
 	uint64_t f = fs_free(c);
 	out->fs_free_bytes = f == UINT64_MAX ? 0 : f;
 	char wal[PATH_MAX];

@@ -198,6 +198,11 @@ int kiln_cache_evict(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 int kiln_cache_gc(kiln_cache_t *c, uint64_t target_bytes, uint64_t *evicted,
 		  char *err, size_t errlen);
 
+/* Changes max_bytes and min_free_bytes (0: the default, as at open); the
+ * next put or gc applies them. */
+void kiln_cache_set_limits(kiln_cache_t *c, uint64_t max_bytes,
+			   uint64_t min_free_bytes);
+
 /* Writes pending hits to the index now. */
 int kiln_cache_flush(kiln_cache_t *c, char *err, size_t errlen);
 

@@ -103,7 +103,10 @@ struct kiln_cache {
 	char *journal_path;
 	char *objects_path;
 	kiln_cache_options_t opts; /* resolved: no zero "defaults" left */
-	uint64_t fs_bytes;	   /* filesystem size at open */
+	/* The limits in effect (kiln_cache_set_limits may change them while
+	 * other threads read them). */
+	_Atomic uint64_t max_bytes, min_free_bytes;
+	uint64_t fs_bytes; /* filesystem size at open */
 	int lock_fd;
 	int journal_fd;	  /* O_APPEND; -1 when it could not be opened */
 	bool journal_bad; /* under write_mu: appends stopped */
@@ -166,8 +169,8 @@ int kiln__build_id(kiln_cache_t *c, kiln__conn_t *k, const char *target,
 		   const char *fp, int64_t *id, char *err, size_t errlen);
 /* Copies the strings of build id into e (empty when unknown). */
 void kiln__build_lookup(kiln_cache_t *c, int64_t id, kiln_cache_entry_t *e);
-int64_t kiln__now(void);
-int64_t kiln__now_ms(void);
+int64_t kiln__cache_now(void);
+int64_t kiln__cache_now_ms(void);
 
 /* ---- blob.c: files ----------------------------------------------------- */
 

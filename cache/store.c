@@ -46,12 +46,12 @@ static const char *const migrations[KILN__CACHE_SCHEMA] = {
     "CREATE TABLE meta(k TEXT PRIMARY KEY, v) WITHOUT ROWID;",
 };
 
-int64_t kiln__now(void)
+int64_t kiln__cache_now(void)
 {
 	return (int64_t)time(NULL);
 }
 
-int64_t kiln__now_ms(void)
+int64_t kiln__cache_now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -398,7 +398,7 @@ static int quick_check(kiln__conn_t *k, char *what, size_t whatlen)
 static int move_aside(kiln_cache_t *c, char *err, size_t errlen)
 {
 	char dst[PATH_MAX], src[PATH_MAX];
-	long t = (long)kiln__now();
+	long t = (long)kiln__cache_now();
 	snprintf(dst, sizeof(dst), "%s.bad-%ld", c->index_path, t);
 	for (int i = 1; access(dst, F_OK) == 0 && i < 1000; i++)
 		snprintf(dst, sizeof(dst), "%s.bad-%ld.%d", c->index_path, t,
@@ -824,6 +824,8 @@ static int resolve_options(kiln_cache_t *c, const kiln_cache_options_t *o,
 		if (c->opts.min_free_bytes > GIB)
 			c->opts.min_free_bytes = GIB;
 	}
+	atomic_store(&c->max_bytes, c->opts.max_bytes);
+	atomic_store(&c->min_free_bytes, c->opts.min_free_bytes);
 	if (c->opts.busy_timeout_ms == 0)
 		c->opts.busy_timeout_ms = 5000;
 	if (c->opts.touch_batch == 0)
@@ -831,6 +833,17 @@ static int resolve_options(kiln_cache_t *c, const kiln_cache_options_t *o,
 	if (c->opts.touch_flush_ms == 0)
 		c->opts.touch_flush_ms = 1000;
 	return 0;
+}
+
+void kiln_cache_set_limits(kiln_cache_t *c, uint64_t max_bytes,
+			   uint64_t min_free_bytes)
+{
+	pthread_mutex_lock(&c->write_mu);
+	kiln_cache_options_t o = c->opts;
+	o.max_bytes = max_bytes;
+	o.min_free_bytes = min_free_bytes;
+	resolve_options(c, &o, NULL, 0); /* stores the atomics */
+	pthread_mutex_unlock(&c->write_mu);
 }
 
 static char *path_join(const char *a, const char *b)
@@ -983,8 +996,8 @@ int kiln_cache_open(const char *dir, const kiln_cache_options_t *opts,
 		 "max_bytes=%llu min_free_bytes=%llu",
 		 c->dir, (unsigned long long)atomic_load(&c->entries),
 		 (unsigned long long)atomic_load(&c->bytes),
-		 (unsigned long long)c->opts.max_bytes,
-		 (unsigned long long)c->opts.min_free_bytes);
+		 (unsigned long long)atomic_load(&c->max_bytes),
+		 (unsigned long long)atomic_load(&c->min_free_bytes));
 	*out = c;
 	return 0;
 fail:

@@ -1,0 +1,136 @@
+/*
+ * server.h — the loop thread's state, shared by server.c (sockets,
+ * connections, replies, jobs, signals) and ops.c (what each op does).
+ *
+ * Threads: everything here belongs to the loop thread, except what is
+ * marked otherwise (the done queue, the counters, the latency window).
+ */
+#ifndef KILND_SERVER_H
+#define KILND_SERVER_H
+
+#include "daemon/kilnd.h"
+
+#include <sys/types.h>
+
+#define KILND_MAX_LISTENERS 8
+
+typedef struct kilnd_conn kilnd_conn_t;
+
+struct kilnd_waiter {
+	kilnd_conn_t *conn;
+	uint64_t id;
+	uint64_t deadline_ms; /* loop time when it gets timeout */
+	uint64_t t0_ms;
+	kilnd_waiter_t *next;
+};
+
+struct kilnd_conn {
+	union {
+		uv_stream_t stream;
+		uv_pipe_t pipe;
+		uv_tcp_t tcp;
+	} h;
+	kilnd_server_t *srv;
+	kiln_frame_decoder_t dec;
+	kilnd_conn_t *prev, *next;
+	uint64_t num;		/* for logs */
+	uint32_t inflight;	/* requests not yet answered */
+	uint64_t pending_write; /* reply bytes not yet written */
+	uint32_t refs;		/* the handle + waiters + work items */
+	bool closing, paused, is_unix, creds;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	uint64_t last_active_ms;
+};
+
+struct kilnd_server {
+	uv_loop_t *loop;
+	kilnd_config_t cfg;
+	kilnd_cli_t cli;
+	int argc;
+	char **argv;
+	kiln_limits_t lim;
+	kiln_cache_t *store;
+	kilnd_pool_t *pool;
+	kilnd_hot_t *hot;
+	unsigned nworkers;
+	kilnd_counters_t ctr;	/* the loop's block */
+	kilnd_counters_t *wctr; /* one block per worker */
+	kilnd_latency_t lat;
+	char fingerprint[256];
+	kiln_target_t target;
+	char store_dir[4096];
+
+	union {
+		uv_handle_t handle;
+		uv_stream_t stream;
+		uv_pipe_t pipe;
+		uv_tcp_t tcp;
+	} listeners[KILND_MAX_LISTENERS];
+	bool listener_unix[KILND_MAX_LISTENERS];
+	int nlisteners;
+	char socket_path[4096]; /* created by us: unlinked at exit */
+	bool socket_created;
+
+	kilnd_conn_t *conns;
+	uint32_t nconns;
+	uint64_t conn_seq;
+
+	kilnd_job_t **jobs; /* in-flight table (chained) */
+	size_t jobs_cap, njobs;
+	uint32_t pending_work; /* uv_queue_work items outstanding */
+
+	/* Workers push finished jobs here (done_mu) and wake the loop. */
+	pthread_mutex_t done_mu;
+	kilnd_job_t *done_head, *done_tail;
+	uv_async_t done_async;
+
+	uv_signal_t sig_term, sig_int, sig_hup;
+	uv_timer_t tick; /* 1 s: timeouts, idle, watchdog, status, drain */
+	uint64_t watchdog_usec, last_watchdog_ms;
+	bool draining, stopped;
+	uint64_t drain_deadline_ms;
+	uint64_t started_ms;
+	int exit_code;
+};
+
+/* ---- server.c ----------------------------------------------------------- */
+
+/* Loads the settings, opens the store and the pool, listens, runs the loop
+ * until a drain finishes. Returns the exit status. */
+int kilnd_run(int argc, char **argv);
+
+/* Replies (each finishes one request: conn->inflight--). The artifact
+ * reply writes the blob's bytes straight from the blob (no copy). */
+void kilnd_reply_error(kilnd_conn_t *c, uint64_t id, int code, const char *msg,
+		       int64_t node);
+void kilnd_reply_artifact(kilnd_conn_t *c, uint64_t id, kilnd_blob_t *b,
+			  const char *source, double compile_ms);
+/* A success reply already packed into sb after kiln_frame_begin and a
+ * kiln_pack_ok_head; takes sb's memory. */
+void kilnd_reply_packed(kilnd_conn_t *c, msgpack_sbuffer *sb);
+void kilnd_conn_ref(kilnd_conn_t *c);
+void kilnd_conn_unref(kilnd_conn_t *c);
+bool kilnd_conn_is_admin(kilnd_conn_t *c);
+
+/* Single flight: the job for sig in flight, or NULL. */
+kilnd_job_t *kilnd_job_find(kilnd_server_t *s, const uint8_t sig[32]);
+/* Starts a job (store lookup, then compile) with its first waiter; takes
+ * the graph. */
+void kilnd_job_start(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
+		     kiln_graph_t *g, const kiln_target_t *t,
+		     const kiln_compile_opts_t *o, kilnd_prio_t prio,
+		     const uint8_t sig[32]);
+void kilnd_job_join(kilnd_server_t *s, kilnd_job_t *j, kilnd_conn_t *c,
+		    uint64_t id);
+/* Starts draining (stop accepting, finish in-flight work, exit). */
+void kilnd_drain(kilnd_server_t *s, bool wait_for_compiles);
+uint64_t kilnd_now_ms(kilnd_server_t *s);
+
+/* ---- ops.c -------------------------------------------------------------- */
+
+/* Handles one decoded request (the request's memory lives until return). */
+void kilnd_dispatch(kilnd_conn_t *c, const kiln_request_t *req);
+
+#endif /* KILND_SERVER_H */

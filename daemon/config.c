@@ -311,12 +311,15 @@ void kilnd_config_defaults(kilnd_config_t *cfg)
 {
 	for (size_t i = 0; i < NSETTINGS; i++) {
 		const setting_t *s = &settings[i];
-		value_t v = {.str = s->def_str, .num = s->def_num};
-		if (s->type == T_STR)
-			*str_at(cfg, s) = (char *)s->def_str;
-		else
-			(void)store_value(cfg, s, &v,
-					  SRC_DEFAULT); /* no alloc */
+		char *base = (char *)cfg + s->off;
+		switch (s->type) {
+		case T_STR: *(char **)(void *)base = (char *)s->def_str; break;
+		case T_U64: *(uint64_t *)(void *)base = s->def_num; break;
+		case T_U32:
+			*(uint32_t *)(void *)base = (uint32_t)s->def_num;
+			break;
+		case T_BOOL: *(bool *)(void *)base = s->def_num != 0; break;
+		}
 		*src_at(cfg, s) = SRC_DEFAULT;
 	}
 	cfg->config_path = NULL;
@@ -333,8 +336,7 @@ void kilnd_config_free(kilnd_config_t *cfg)
 	kilnd_config_defaults(cfg);
 }
 
-/* ---- the command line ------------------------------------------------------
- */
+/* ---- the command line ---------------------------------------------------- */
 
 /*
  * Walks argv[1..argc). Flags go into cli (if not NULL); setting options are
@@ -432,8 +434,7 @@ int kilnd_cli_parse(int argc, char **argv, kilnd_cli_t *cli, char *err,
 	return walk_argv(argc, argv, cli, NULL, err, errlen);
 }
 
-/* ---- the file
- * ---------------------------------------------------------------- */
+/* ---- the file ------------------------------------------------------------ */
 
 typedef struct {
 	kilnd_config_t *cfg;
@@ -615,8 +616,7 @@ static int read_file(kilnd_config_t *cfg, const char *path, bool explicit,
 	return 0;
 }
 
-/* ---- the environment
- * --------------------------------------------------------- */
+/* ---- the environment ----------------------------------------------------- */
 
 static int read_env(kilnd_config_t *cfg, char *err, size_t errlen)
 {
@@ -646,8 +646,7 @@ static int read_env(kilnd_config_t *cfg, char *err, size_t errlen)
 	return 0;
 }
 
-/* ---- load
- * ------------------------------------------------------------------------ */
+/* ---- load ---------------------------------------------------------------- */
 
 int kilnd_config_load(kilnd_config_t *cfg, const kilnd_cli_t *cli, int argc,
 		      char **argv, char *err, size_t errlen)
@@ -678,8 +677,7 @@ int kilnd_config_load(kilnd_config_t *cfg, const kilnd_cli_t *cli, int argc,
 	return rc;
 }
 
-/* ---- output
- * ------------------------------------------------------------------------ */
+/* ---- output -------------------------------------------------------------- */
 
 /* Formats the value of s in cfg into buf[32] or returns the string. */
 static const char *value_text(const kilnd_config_t *cfg, const setting_t *s,

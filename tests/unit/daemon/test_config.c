@@ -29,8 +29,7 @@ int kilnd__config_parse_u64(const char *s, uint64_t max, uint64_t *out,
 			    const char **why);
 int kilnd__config_parse_bool(const char *s, bool *out);
 
-/* ---- the settings, as the test sees them ----------------------------------
- */
+/* ---- the settings, as the test sees them --------------------------------- */
 
 typedef struct {
 	const char *name;
@@ -50,8 +49,7 @@ static int name_index(const char *name)
 	return -1;
 }
 
-/* ---- environment: unset at init, restored at fini
- * ---------------------------- */
+/* ---- environment: unset at init, restored at fini ------------------------ */
 
 #define NVARS (NNAMES + 3)
 static char var_names[NVARS][64];
@@ -95,8 +93,7 @@ static void env_fini(void)
 
 TestSuite(config, .init = env_init, .fini = env_fini);
 
-/* ---- helpers
- * ------------------------------------------------------------------ */
+/* ---- helpers ------------------------------------------------------------- */
 
 /* Writes text to a new temporary file; returns its malloc'd path. */
 static char *write_tmp(const char *text)
@@ -194,8 +191,7 @@ static const char *source_of(const kilnd_config_t *cfg, const char *name)
 	return d.source[i];
 }
 
-/* ---- defaults
- * ------------------------------------------------------------------ */
+/* ---- defaults ------------------------------------------------------------ */
 
 Test(config, defaults)
 {
@@ -275,8 +271,7 @@ Test(config, log_level_names)
 	cr_assert_eq(kilnd_config_log_level(NULL), -1);
 }
 
-/* ---- the file
- * -------------------------------------------------------------------- */
+/* ---- the file ------------------------------------------------------------ */
 
 Test(config, file_sections_comments_quotes_suffixes)
 {
@@ -482,8 +477,7 @@ Test(config, kiln_config_env_names_the_file)
 	drop_tmp(other);
 }
 
-/* ---- parsers
- * ---------------------------------------------------------------------- */
+/* ---- parsers ------------------------------------------------------------- */
 
 Test(config, bool_parser)
 {
@@ -535,8 +529,7 @@ Test(config, number_parser)
 		     -EINVAL);
 }
 
-/* ---- environment and command line
- * ------------------------------------------------- */
+/* ---- environment and command line ---------------------------------------- */
 
 Test(config, env_overrides_file_and_cli_overrides_env)
 {
@@ -768,8 +761,7 @@ Test(config, cli_errors)
 	expect_cli_error(a16, "unknown option --config_path");
 }
 
-/* ---- each, usage
- * ------------------------------------------------------------------- */
+/* ---- each, usage --------------------------------------------------------- */
 
 Test(config, each_visits_every_setting_once_with_its_source)
 {
@@ -876,8 +868,7 @@ Test(config, usage_lists_everything_within_80_columns)
 	free(buf);
 }
 
-/* ---- deploy/kilnd.conf
- * ------------------------------------------------------------- */
+/* ---- deploy/kilnd.conf --------------------------------------------------- */
 
 /* Reads a whole file into a malloc'd string. */
 static char *slurp(const char *path)

@@ -89,6 +89,9 @@ uint64_t kilnd_hot_count(const kilnd_hot_t *h);
 	X(timeouts, "requests answered timeout")                               \
 	X(busy, "requests answered busy")                                      \
 	X(store_put_errors, "compiled artifacts the store could not keep")     \
+	X(dynamic_compiles, "generalized (symbolic) graphs compiled")          \
+	X(dynamic_hits, "static requests served by a generalized artifact")    \
+	X(dynamic_refused, "structures that could not be generalized")         \
 	X(read_paused, "times a connection's reads paused (backpressure)")
 /* clang-format on */
 
@@ -156,6 +159,11 @@ struct kilnd_job {
 	/* Pool queue link (under the pool's mutex). */
 	kilnd_job_t *qnext;
 	/* Loop thread only. */
+	struct kilnd_dyn *dyn; /* a generalized compile: its table entry */
+	uint8_t dyn_h[KILN_SIG_BYTES]; /* ... whose structure hash is this */
+	kiln_graph_t *fallback; /* ... and the static graph to compile if it
+				   fails */
+	uint8_t fallback_sig[KILN_SIG_BYTES];
 	kilnd_waiter_t *waiters;
 	kilnd_job_t *hnext; /* in-flight table chain */
 	uv_timer_t timer;   /* compile_timeout_s */

@@ -10,6 +10,7 @@
  * Threads: the loop thread, except the *_work functions (libuv's pool),
  * which read their opwork's inputs and write its outputs only.
  */
+#include "daemon/dynamic.h"
 #include "daemon/server.h"
 
 #include <errno.h>
@@ -150,6 +151,109 @@ static void op_hello(kilnd_conn_t *c, const kiln_request_t *req)
 
 /* ---- compile ----------------------------------------------------------- */
 
+/* The structure table entry for h, or a slot for it (the least recently
+ * used entry that no compile refers to), or NULL. */
+static kilnd_dyn_t *dyn_entry(kilnd_server_t *s, const uint8_t h[32],
+			      bool create)
+{
+	kilnd_dyn_t *victim = NULL;
+	for (int i = 0; i < KILND_DYN_MAX; i++) {
+		kilnd_dyn_t *e = &s->dyn[i];
+		if (e->state != KILND_DYN_FREE &&
+		    memcmp(e->h, h, KILN_SIG_BYTES) == 0) {
+			e->used = ++s->dyn_clock;
+			return e;
+		}
+		if (e->state != KILND_DYN_GENERALIZING &&
+		    (victim == NULL || e->used < victim->used))
+			victim = e;
+	}
+	if (!create || victim == NULL)
+		return NULL;
+	kiln_graph_free(victim->seen);
+	kiln_graph_free(victim->gg);
+	memset(victim, 0, sizeof(*victim));
+	memcpy(victim->h, h, KILN_SIG_BYTES);
+	victim->used = ++s->dyn_clock;
+	return victim;
+}
+
+/*
+ * Automatic dynamic shapes (dynamic.c). Returns true when the request was
+ * routed (g taken): to the generalized artifact this graph is an instance
+ * of, or to a new generalized compile (on the second distinct size set of
+ * a structure, or at once with dynamic: true), with g as the fallback
+ * should the symbolic graph fail to compile. Otherwise records g and
+ * returns false: the caller compiles it as it is.
+ */
+static bool route_dynamic(kilnd_conn_t *c, uint64_t id, kiln_graph_t *g,
+			  const kiln_target_t *t, const kiln_compile_opts_t *o,
+			  kilnd_prio_t prio, const uint8_t sig[32], bool eager)
+{
+	kilnd_server_t *s = c->srv;
+	uint8_t h[KILN_SIG_BYTES];
+	if (kiln_signature(g, t, o, s->fingerprint, true, h) < 0)
+		return false;
+	kilnd_dyn_t *e = dyn_entry(s, h, true);
+	if (e == NULL)
+		return false;
+	char err[256] = "";
+	kiln_graph_t *gg = NULL, *copy = NULL;
+	switch (e->state) {
+	case KILND_DYN_GENERAL:
+		if (!kilnd_instance_of(e->gg, g) ||
+		    kilnd_graph_clone(e->gg, &s->lim, &copy, err, sizeof(err)) <
+			0)
+			return false;
+		KILND_COUNT(&s->ctr, dynamic_hits);
+		kiln_graph_free(g);
+		kilnd_serve(s, c, id, copy, t, o, prio, e->gsig, e, NULL, NULL);
+		return true;
+	case KILND_DYN_FREE:
+		if (!eager) {
+			if (kilnd_graph_clone(g, &s->lim, &e->seen, err,
+					      sizeof(err)) == 0) {
+				memcpy(e->seen_sig, sig, KILN_SIG_BYTES);
+				e->state = KILND_DYN_SEEN;
+			}
+			return false;
+		}
+		if (kilnd_generalize(g, g, &s->lim, &gg, err, sizeof(err)) < 0)
+			break;
+		goto compile;
+	case KILND_DYN_SEEN:
+		if (memcmp(e->seen_sig, sig, KILN_SIG_BYTES) == 0)
+			return false;
+		if (kilnd_generalize(e->seen, g, &s->lim, &gg, err,
+				     sizeof(err)) < 0)
+			break;
+		goto compile;
+	default: return false; /* generalizing now, or static only */
+	}
+	KILN_LOG(KILN_LOG_INFO, "msg=\"not generalized\" reason=\"%s\"", err);
+	KILND_COUNT(&s->ctr, dynamic_refused);
+	kiln_graph_free(e->seen);
+	e->seen = NULL;
+	e->state = KILND_DYN_STATIC;
+	return false;
+compile:
+	if (kiln_signature(gg, t, o, s->fingerprint, false, e->gsig) < 0 ||
+	    kilnd_graph_clone(gg, &s->lim, &e->gg, err, sizeof(err)) < 0) {
+		kiln_graph_free(gg);
+		return false;
+	}
+	kiln_graph_free(e->seen);
+	e->seen = NULL;
+	e->state = KILND_DYN_GENERALIZING;
+	char hex[KILN_SIG_HEX];
+	kiln_sig_to_hex(e->gsig, hex);
+	KILN_LOG(KILN_LOG_INFO,
+		 "msg=\"compiling a generalized graph\" sig=%s symbols=%u", hex,
+		 gg->n_symbols);
+	kilnd_serve(s, c, id, gg, t, o, prio, e->gsig, e, g, sig);
+	return true;
+}
+
 static void op_compile(kilnd_conn_t *c, const kiln_request_t *req)
 {
 	kilnd_server_t *s = c->srv;
@@ -233,6 +337,7 @@ static void op_compile(kilnd_conn_t *c, const kiln_request_t *req)
 		kilnd_reply_error(c, req->id, rc, "cannot sign the graph", -1);
 		return;
 	}
+	/* The exact graph first: in memory, or being compiled. */
 	kilnd_blob_t *b = kilnd_hot_get(s->hot, sig);
 	if (b != NULL) {
 		kiln_graph_free(g);
@@ -247,6 +352,9 @@ static void op_compile(kilnd_conn_t *c, const kiln_request_t *req)
 		kilnd_job_join(s, j, c, req->id);
 		return;
 	}
+	if (dynamic != 0 && g->n_symbols == 0 &&
+	    route_dynamic(c, req->id, g, &t, &o, prio, sig, dynamic == 1))
+		return;
 	kilnd_job_start(s, c, req->id, g, &t, &o, prio, sig);
 }
 
@@ -348,7 +456,7 @@ static void pack_stats(kilnd_server_t *s, msgpack_packer *pk,
 	kilnd_pool_load(s->pool, &q, &busy, &total);
 	double p50, p90, p99;
 	kilnd_latency_quantiles(&s->lat, &p50, &p90, &p99);
-	msgpack_pack_map(pk, 19);
+	msgpack_pack_map(pk, 20);
 	kv_f64(pk, "uptime_s", (double)(kilnd_now_ms(s) - s->started_ms) / 1e3);
 	kv_u64(pk, "rss_bytes", kilnd_rss_bytes());
 	pk_str(pk, "connections");
@@ -375,6 +483,11 @@ static void pack_stats(kilnd_server_t *s, msgpack_packer *pk,
 	kv_u64(pk, "bad_frames", ctr_sum(s, KILND_C_bad_frames));
 	kv_u64(pk, "read_paused", ctr_sum(s, KILND_C_read_paused));
 	kv_u64(pk, "store_put_errors", ctr_sum(s, KILND_C_store_put_errors));
+	pk_str(pk, "dynamic");
+	msgpack_pack_map(pk, 3);
+	kv_u64(pk, "compiles", ctr_sum(s, KILND_C_dynamic_compiles));
+	kv_u64(pk, "hits", ctr_sum(s, KILND_C_dynamic_hits));
+	kv_u64(pk, "refused", ctr_sum(s, KILND_C_dynamic_refused));
 	pk_str(pk, "queue");
 	msgpack_pack_map(pk, 3);
 	kv_u64(pk, "depth", q);

@@ -414,6 +414,7 @@ static void job_table_remove(kilnd_server_t *s, kilnd_job_t *job)
 static void job_free(kilnd_job_t *job)
 {
 	kiln_graph_free(job->graph);
+	kiln_graph_free(job->fallback);
 	kilnd_blob_unref(job->result);
 	free(job);
 }
@@ -482,6 +483,57 @@ static void job_done_cb(kilnd_job_t *job, void *arg)
 	uv_async_send(&s->done_async);
 }
 
+/* A generalized compile failed: its waiters get the static graph that
+ * started it (joining a job for it, or a new one). */
+static kilnd_job_t *job_new(kilnd_server_t *s, kiln_graph_t *g,
+			    const kiln_target_t *t,
+			    const kiln_compile_opts_t *o, kilnd_prio_t prio,
+			    const uint8_t sig[32], uint64_t id, int64_t pid);
+
+static void job_fall_back(kilnd_server_t *s, kilnd_job_t *old)
+{
+	kilnd_job_t *j = kilnd_job_find(s, old->fallback_sig);
+	if (j == NULL) {
+		j = job_new(s, old->fallback, &old->target, &old->opts,
+			    old->prio, old->fallback_sig, old->req_id,
+			    old->peer_pid);
+		old->fallback = NULL;
+	}
+	if (j == NULL) {
+		job_answer(s, old, NULL, NULL, NULL, -ENOMEM, "out of memory",
+			   -1);
+		return;
+	}
+	kilnd_waiter_t **pp = &j->waiters;
+	while (*pp)
+		pp = &(*pp)->next;
+	*pp = old->waiters;
+	old->waiters = NULL;
+}
+
+static void dyn_settle(kilnd_server_t *s, kilnd_job_t *j, bool ok)
+{
+	kilnd_dyn_t *e = j->dyn;
+	/* The entry may have been reused for another structure since. */
+	if (e == NULL || e->state == KILND_DYN_FREE ||
+	    memcmp(e->h, j->dyn_h, KILN_SIG_BYTES) != 0 || e->gg == NULL)
+		return;
+	if (ok) {
+		if (e->state == KILND_DYN_GENERALIZING)
+			KILND_COUNT(&s->ctr, dynamic_compiles);
+		e->state = KILND_DYN_GENERAL;
+		return;
+	}
+	KILN_LOG(KILN_LOG_INFO,
+		 "msg=\"generalized graph failed; static from now on\" "
+		 "sig=%s err=\"%s\"",
+		 j->sig_hex, j->err);
+	KILND_COUNT(&s->ctr, dynamic_refused);
+	e->state = KILND_DYN_STATIC;
+	kiln_graph_free(e->gg);
+	e->gg = NULL;
+}
+
 static void done_async_cb(uv_async_t *a)
 {
 	kilnd_server_t *s = a->data;
@@ -493,6 +545,13 @@ static void done_async_cb(uv_async_t *a)
 		kilnd_job_t *j = list;
 		list = j->dnext;
 		job_table_remove(s, j);
+		dyn_settle(s, j, j->rc == 0 && j->result != NULL);
+		if (j->rc != 0 && j->fallback != NULL && j->waiters != NULL &&
+		    j->rc != KILN_ESHUTDOWN) {
+			job_fall_back(s, j);
+			job_free(j);
+			continue;
+		}
 		if (j->rc == 0 && j->result != NULL) {
 			kilnd_latency_add(&s->lat, j->compile_ms);
 			kilnd_hot_put(s->hot, j->result);
@@ -595,6 +654,7 @@ static void store_lookup_after(uv_work_t *w, int status)
 		KILND_COUNT(&s->ctr, hit_disk);
 		kilnd_hot_put(s->hot, j->result);
 		job_table_remove(s, j);
+		dyn_settle(s, j, true);
 		job_answer(s, j, j->result, "disk", "disk", 0, NULL, -1);
 		job_free(j);
 		return;
@@ -620,16 +680,17 @@ static void store_lookup_after(uv_work_t *w, int status)
 	}
 }
 
-void kilnd_job_start(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
-		     kiln_graph_t *g, const kiln_target_t *t,
-		     const kiln_compile_opts_t *o, kilnd_prio_t prio,
-		     const uint8_t sig[32])
+/* A new job in the table, its store lookup queued; no waiters yet. Takes
+ * g. NULL (g freed) when out of memory. */
+static kilnd_job_t *job_new(kilnd_server_t *s, kiln_graph_t *g,
+			    const kiln_target_t *t,
+			    const kiln_compile_opts_t *o, kilnd_prio_t prio,
+			    const uint8_t sig[32], uint64_t id, int64_t pid)
 {
 	kilnd_job_t *j = calloc(1, sizeof(*j));
 	if (j == NULL) {
 		kiln_graph_free(g);
-		kilnd_reply_error(c, id, -ENOMEM, "out of memory", -1);
-		return;
+		return NULL;
 	}
 	memcpy(j->sig, sig, 32);
 	kiln_sig_to_hex(sig, j->sig_hex);
@@ -639,9 +700,8 @@ void kilnd_job_start(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 	j->prio = prio;
 	j->srv = s;
 	j->req_id = id;
-	j->peer_pid = c->pid;
+	j->peer_pid = pid;
 	j->err_node = -1;
-	add_waiter(s, j, c, id);
 	size_t slot = job_slot(s, sig);
 	j->hnext = s->jobs[slot];
 	s->jobs[slot] = j;
@@ -649,6 +709,57 @@ void kilnd_job_start(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 	j->work.data = j;
 	s->pending_work++;
 	uv_queue_work(s->loop, &j->work, store_lookup_work, store_lookup_after);
+	return j;
+}
+
+void kilnd_job_start(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
+		     kiln_graph_t *g, const kiln_target_t *t,
+		     const kiln_compile_opts_t *o, kilnd_prio_t prio,
+		     const uint8_t sig[32])
+{
+	kilnd_job_t *j = job_new(s, g, t, o, prio, sig, id, c->pid);
+	if (j == NULL) {
+		kilnd_reply_error(c, id, -ENOMEM, "out of memory", -1);
+		return;
+	}
+	add_waiter(s, j, c, id);
+}
+
+void kilnd_serve(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
+		 kiln_graph_t *g, const kiln_target_t *t,
+		 const kiln_compile_opts_t *o, kilnd_prio_t prio,
+		 const uint8_t sig[32], kilnd_dyn_t *dyn,
+		 kiln_graph_t *fallback, const uint8_t *fallback_sig)
+{
+	kilnd_blob_t *b = kilnd_hot_get(s->hot, sig);
+	if (b != NULL) {
+		kiln_graph_free(g);
+		kiln_graph_free(fallback);
+		KILND_COUNT(&s->ctr, hit_memory);
+		kilnd_reply_artifact(c, id, b, "memory", b->compile_ms);
+		kilnd_blob_unref(b);
+		return;
+	}
+	kilnd_job_t *j = kilnd_job_find(s, sig);
+	if (j != NULL) {
+		kiln_graph_free(g);
+		kiln_graph_free(fallback);
+		kilnd_job_join(s, j, c, id);
+		return;
+	}
+	j = job_new(s, g, t, o, prio, sig, id, c->pid);
+	if (j == NULL) {
+		kiln_graph_free(fallback);
+		kilnd_reply_error(c, id, -ENOMEM, "out of memory", -1);
+		return;
+	}
+	j->dyn = dyn;
+	if (dyn != NULL)
+		memcpy(j->dyn_h, dyn->h, KILN_SIG_BYTES);
+	j->fallback = fallback;
+	if (fallback_sig != NULL)
+		memcpy(j->fallback_sig, fallback_sig, KILN_SIG_BYTES);
+	add_waiter(s, j, c, id);
 }
 
 /* Waiters past their deadline get timeout; the job runs on and its result
@@ -1129,6 +1240,9 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 		 kilnd_pool_fingerprint(s->pool));
 	s->target = *kilnd_pool_target(s->pool);
 	s->hot = kilnd_hot_new(s->cfg.hot_bytes);
+	s->dyn = calloc(KILND_DYN_MAX, sizeof(*s->dyn));
+	if (s->dyn == NULL)
+		return -ENOMEM;
 	s->jobs_cap = 1024;
 	s->jobs = calloc(s->jobs_cap, sizeof(*s->jobs));
 	if (s->hot == NULL || s->jobs == NULL)
@@ -1261,6 +1375,11 @@ int kilnd_run(int argc, char **argv)
 	uv_run(s->loop, UV_RUN_DEFAULT); /* close callbacks */
 	kiln_cache_close(s->store);
 	kilnd_hot_free(s->hot);
+	for (int i = 0; s->dyn != NULL && i < KILND_DYN_MAX; i++) {
+		kiln_graph_free(s->dyn[i].seen);
+		kiln_graph_free(s->dyn[i].gg);
+	}
+	free(s->dyn);
 	free(s->jobs);
 	free(s->wctr);
 	uv_loop_close(s->loop);

@@ -16,6 +16,27 @@
 
 typedef struct kilnd_conn kilnd_conn_t;
 
+/* Automatic dynamic shapes: what kilnd knows of one graph structure. */
+typedef enum {
+	KILND_DYN_FREE = 0,
+	KILND_DYN_SEEN,		/* one static size set compiled */
+	KILND_DYN_GENERALIZING, /* the symbolic version is compiling */
+	KILND_DYN_GENERAL,	/* the symbolic version serves instances */
+	KILND_DYN_STATIC	/* cannot be generalized: static only */
+} kilnd_dyn_state_t;
+
+typedef struct kilnd_dyn {
+	uint8_t h[KILN_SIG_BYTES]; /* structure hash */
+	kilnd_dyn_state_t state;
+	kiln_graph_t *seen; /* SEEN: the first static graph */
+	uint8_t seen_sig[KILN_SIG_BYTES];
+	kiln_graph_t *gg; /* GENERALIZING / GENERAL */
+	uint8_t gsig[KILN_SIG_BYTES];
+	uint64_t used;
+} kilnd_dyn_t;
+
+#define KILND_DYN_MAX 256
+
 struct kilnd_waiter {
 	kilnd_conn_t *conn;
 	uint64_t id;
@@ -77,6 +98,9 @@ struct kilnd_server {
 	uint32_t nconns;
 	uint64_t conn_seq;
 
+	kilnd_dyn_t *dyn; /* KILND_DYN_MAX entries */
+	uint64_t dyn_clock;
+
 	kilnd_job_t **jobs; /* in-flight table (chained) */
 	size_t jobs_cap, njobs;
 	uint32_t pending_work; /* uv_queue_work items outstanding */
@@ -124,6 +148,13 @@ void kilnd_job_start(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 		     const uint8_t sig[32]);
 void kilnd_job_join(kilnd_server_t *s, kilnd_job_t *j, kilnd_conn_t *c,
 		    uint64_t id);
+/* Answers the request with the artifact for sig: hot map, a job in flight,
+ * else a new job for g (taken; freed when not needed). */
+void kilnd_serve(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
+		 kiln_graph_t *g, const kiln_target_t *t,
+		 const kiln_compile_opts_t *o, kilnd_prio_t prio,
+		 const uint8_t sig[32], kilnd_dyn_t *dyn,
+		 kiln_graph_t *fallback, const uint8_t *fallback_sig);
 /* Starts draining (stop accepting, finish in-flight work, exit). */
 void kilnd_drain(kilnd_server_t *s, bool wait_for_compiles);
 uint64_t kilnd_now_ms(kilnd_server_t *s);

@@ -304,6 +304,12 @@ static void gauges_put(kiln_cache_t *c, const kiln__put_effect_t *fx,
 
 /* ---- touches ----------------------------------------------------------- */
 
+static int touch_cmp(const void *a, const void *b)
+{
+	return memcmp(((const kiln__touch_t *)a)->key,
+		      ((const kiln__touch_t *)b)->key, 32);
+}
+
 /* Writes the pending hits; call with write_mu held. */
 static int flush_locked(kiln_cache_t *c, char *err, size_t errlen)
 {
@@ -323,12 +329,28 @@ static int flush_locked(kiln_cache_t *c, char *err, size_t errlen)
 		KILN__COUNT(c, touch_dropped, n);
 		return kiln__errf(err, errlen, -ENOMEM, "no memory for hits");
 	}
+	/* One row update per key, however often it was hit; keys in
+	 * order, so neighbouring rows share page writes. */
+	qsort(t, n, sizeof(*t), touch_cmp);
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (m > 0 && memcmp(t[m - 1].key, t[i].key, 32) == 0) {
+			t[m - 1].hits += t[i].hits;
+			t[m - 1].refresh |= t[i].refresh;
+			if (t[i].when > t[m - 1].when)
+				t[m - 1].when = t[i].when;
+		} else {
+			t[m++] = t[i];
+		}
+	}
 	int rc = 0;
 	kiln__conn_t *k = kiln__conn_get(c, &rc, err, errlen);
 	if (k != NULL) {
 		rc = begin(k, err, errlen);
-		for (size_t i = 0; rc == 0 && i < n; i++) {
-			sqlite3_stmt *st = kiln__stmt(k, KILN__ST_TOUCH);
+		for (size_t i = 0; rc == 0 && i < m; i++) {
+			bool full = t[i].refresh;
+			sqlite3_stmt *st = kiln__stmt(k, full ? KILN__ST_TOUCH
+							      : KILN__ST_HITS);
 			if (st == NULL) {
 				rc = kiln__sqlerr(k, sqlite3_errcode(k->db),
 						  "touch", err, errlen);
@@ -336,8 +358,12 @@ static int flush_locked(kiln_cache_t *c, char *err, size_t errlen)
 			}
 			sqlite3_bind_blob(st, 1, t[i].key, KILN_CACHE_KEY_BYTES,
 					  SQLITE_STATIC);
-			sqlite3_bind_int64(st, 2, t[i].when);
-			sqlite3_bind_int64(st, 3, 1);
+			if (full) {
+				sqlite3_bind_int64(st, 2, t[i].when);
+				sqlite3_bind_int64(st, 3, t[i].hits);
+			} else {
+				sqlite3_bind_int64(st, 2, t[i].hits);
+			}
 			rc = kiln__exec_stmt(k, st, "touch", err, errlen);
 		}
 		if (rc == 0)
@@ -365,16 +391,19 @@ int kiln_cache_flush(kiln_cache_t *c, char *err, size_t errlen)
 
 /* Queues a hit; flushes when the batch is full or old. Never fails: a hit
  * whose write fails is counted in touch_dropped. */
-static void touch_queue(kiln_cache_t *c, const uint8_t key[32])
+static void touch_queue(kiln_cache_t *c, const uint8_t key[32],
+			int64_t last_used)
 {
 	int64_t now_ms = kiln__cache_now_ms();
 	pthread_mutex_lock(&c->touch_mu);
 	if (c->ntouches < 4 * (size_t)c->opts.touch_batch) {
 		if (c->ntouches == 0)
 			c->touch_oldest_ms = now_ms;
-		memcpy(c->touches[c->ntouches].key, key, 32);
-		c->touches[c->ntouches].when = kiln__cache_now();
-		c->ntouches++;
+		kiln__touch_t *t = &c->touches[c->ntouches++];
+		memcpy(t->key, key, 32);
+		t->when = kiln__cache_now();
+		t->hits = 1;
+		t->refresh = last_used < t->when - KILN__LRU_GRANULARITY_S;
 	} else {
 		KILN__COUNT(c, touch_dropped, 1);
 	}
@@ -527,7 +556,7 @@ int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	if (rc == KILN__BLOB_OK) {
 		out->size = (size_t)out->entry.size;
 		KILN__COUNT(c, hits, 1);
-		touch_queue(c, key);
+		touch_queue(c, key, out->entry.last_used);
 		return 0;
 	}
 	KILN__COUNT(c, misses, 1);
@@ -953,7 +982,7 @@ int kiln_cache_touch(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	}
 	kiln__conn_put(c, k);
 	if (rc == 0)
-		touch_queue(c, key);
+		touch_queue(c, key, INT64_MIN); /* explicit: always */
 	return rc;
 }
 

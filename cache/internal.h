@@ -43,6 +43,7 @@
 		     "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")              \
 	X(ENTRY_DEL, "DELETE FROM entries WHERE key = ?1")                      \
 	X(ENTRY_DEL_BLOB, "DELETE FROM entries WHERE blob = ?1")                \
+	X(HITS, "UPDATE entries SET hits = hits + ?2 WHERE key = ?1")          \
 	X(TOUCH, "UPDATE entries SET last_used = max(last_used, ?2), "          \
 		 "hits = hits + ?3 WHERE key = ?1")                             \
 	X(BLOB_FIND, "SELECT id, size, refs FROM blobs WHERE hash = ?1")        \
@@ -89,7 +90,14 @@ typedef struct kiln__pin {
 typedef struct kiln__touch {
 	uint8_t key[KILN_CACHE_KEY_BYTES];
 	int64_t when;
+	uint32_t hits; /* merged per key at flush */
+	bool refresh;  /* last_used is stale: rewrite it (and the LRU index) */
 } kiln__touch_t;
+
+/* A hit whose entry was used less than this long ago only adds to `hits`:
+ * last_used (and its index) is rewritten at most once a minute per entry,
+ * which is all an LRU measured in seconds needs. */
+#define KILN__LRU_GRANULARITY_S 60
 
 typedef struct kiln__build {
 	int64_t id;

@@ -156,9 +156,15 @@ static kiln__conn_t *conn_open(kiln_cache_t *c, int flags, int *rc, int *sqlrc,
 	int s = sqlite3_open_v2(
 	    c->index_path, &k->db,
 	    flags | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, NULL);
+	/* A 16 MiB page cache per connection, and reads through mmap (the
+	 * OS page cache, shared by all connections): a million-entry index
+	 * is ~200 MB, and hits touch random pages of it. */
 	if (s == SQLITE_OK)
-		s = sqlite3_exec(k->db, "PRAGMA synchronous=NORMAL", NULL, NULL,
-				 NULL);
+		s = sqlite3_exec(k->db,
+				 "PRAGMA synchronous=NORMAL; "
+				 "PRAGMA cache_size=-16384; "
+				 "PRAGMA mmap_size=268435456",
+				 NULL, NULL, NULL);
 	if (s != SQLITE_OK) {
 		if (sqlrc != NULL)
 			*sqlrc = s;

@@ -38,6 +38,12 @@
 	  "bytes of artifacts kept in memory (the hot map)")                    \
 	X(workers, U32, 0, 0,                                                   \
 	  "compile threads; 0: one per CPU")                                    \
+	X(compile_worker, STR, "", 0,                                           \
+	  "the kiln-compile-worker executable compiles run in; empty: next to " \
+	  "kilnd, else the installed one")                                      \
+	X(worker_idle_s, U32, 300, 0,                                           \
+	  "stop a compile worker process idle this long (its LLVM memory goes " \
+	  "with it); 0: never")                                                 \
 	X(queue_depth, U32, 256, 1,                                             \
 	  "compile jobs waiting at most; beyond it clients get busy")           \
 	X(compile_timeout_s, U32, 600, 1,                                       \

@@ -17,7 +17,6 @@
 #define KILND_H
 
 #include "cache/cache.h"
-#include "compiler/compiler.h"
 #include "daemon/config.h"
 #include "protocol/protocol.h"
 
@@ -92,7 +91,9 @@ uint64_t kilnd_hot_count(const kilnd_hot_t *h);
 	X(dynamic_compiles, "generalized (symbolic) graphs compiled")          \
 	X(dynamic_hits, "static requests served by a generalized artifact")    \
 	X(dynamic_refused, "structures that could not be generalized")         \
-	X(read_paused, "times a connection's reads paused (backpressure)")
+	X(read_paused, "times a connection's reads paused (backpressure)")    \
+	X(worker_spawns, "compile worker processes started")                   \
+	X(worker_crashes, "compile workers that died or were killed")
 /* clang-format on */
 
 enum {
@@ -175,14 +176,35 @@ struct kilnd_job {
 
 typedef struct kilnd_pool kilnd_pool_t;
 
-/* Starts n workers, each with a compiler for target. The first worker's
- * compiler is made before returning, so a broken LLVM fails here. done is
- * called on a worker thread after each job (it must only queue and wake the
- * loop). */
-int kilnd_pool_new(unsigned n, const kiln_target_t *target,
-		   uint32_t queue_depth, kilnd_counters_t *workers_ctr,
+/* A compile worker process (kiln-compile-worker, worker.c), owned by one
+ * pool thread: started on first use, stopped when idle. */
+typedef struct kilnd_child kilnd_child_t;
+
+typedef struct kilnd_pool_opts {
+	unsigned threads;	 /* compile threads (0: 1) */
+	const char *worker_path; /* the kiln-compile-worker executable */
+	uint32_t worker_idle_s;	 /* stop a worker idle this long (0: never) */
+	uint32_t kill_after_s;	 /* kill a compile running this long */
+	uint32_t queue_depth;
+} kilnd_pool_opts_t;
+
+/* Starts the threads. The first thread's worker process is started before
+ * returning (its hello gives the fingerprint and the target), so a missing
+ * or broken worker fails here. done is called on a pool thread after each
+ * job (it must only queue and wake the loop). */
+int kilnd_pool_new(const kilnd_pool_opts_t *o, kilnd_counters_t *workers_ctr,
 		   void (*done)(kilnd_job_t *job, void *arg), void *arg,
 		   kilnd_pool_t **out, char *err, size_t errlen);
+/* Compiles g in the thread's worker process (starting it if needed):
+ * *art (malloc'd) holds the artifact's bytes. Errors: the worker's (as
+ * KILN_E* codes, message in err), or KILN_ECOMPILE when the worker died or
+ * was killed (it is restarted for the next job). */
+int kilnd_child_compile(kilnd_child_t *ch, const kiln_graph_t *g,
+			const kiln_compile_opts_t *opts, const char *sig_hex,
+			uint8_t **art, size_t *len, double *compile_ms,
+			char *err, size_t errlen);
+/* Worker processes alive now. */
+uint32_t kilnd_pool_alive(kilnd_pool_t *p);
 /* Queues a job; KILN_EBUSY when the queue is full, KILN_ESHUTDOWN when
  * stopping. */
 int kilnd_pool_submit(kilnd_pool_t *p, kilnd_job_t *job, kilnd_prio_t prio);
@@ -202,10 +224,9 @@ void kilnd_pool_free(kilnd_pool_t *p);
 const char *kilnd_pool_fingerprint(kilnd_pool_t *p);
 const kiln_target_t *kilnd_pool_target(kilnd_pool_t *p);
 
-/* Called on a worker thread to compile job (pool.c calls this, server.c
- * implements it): compile, store, set job->result / job->rc. ctr is the
- * worker's own counter block. */
-void kilnd_job_run(kiln_compiler_t *cc, kilnd_counters_t *ctr,
-		   kilnd_job_t *job);
+/* Called on a pool thread to compile job (pool.c calls this, server.c
+ * implements it): compile in ch, store, set job->result / job->rc. ctr is
+ * the thread's own counter block. */
+void kilnd_job_run(kilnd_child_t *ch, kilnd_counters_t *ctr, kilnd_job_t *job);
 
 #endif /* KILND_H */

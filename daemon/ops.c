@@ -494,9 +494,12 @@ static void pack_stats(kilnd_server_t *s, msgpack_packer *pk,
 	kv_u64(pk, "max", s->cfg.queue_depth);
 	kv_u64(pk, "in_flight", s->njobs);
 	pk_str(pk, "workers");
-	msgpack_pack_map(pk, 2);
+	msgpack_pack_map(pk, 5);
 	kv_u64(pk, "busy", busy);
 	kv_u64(pk, "total", total);
+	kv_u64(pk, "processes", kilnd_pool_alive(s->pool));
+	kv_u64(pk, "spawns", ctr_sum(s, KILND_C_worker_spawns));
+	kv_u64(pk, "crashes", ctr_sum(s, KILND_C_worker_crashes));
 	pk_str(pk, "compile_ms");
 	msgpack_pack_map(pk, 3);
 	kv_f64(pk, "p50", p50);

@@ -577,56 +577,43 @@ static void done_async_cb(uv_async_t *a)
 	}
 }
 
-void kilnd_job_run(kiln_compiler_t *cc, kilnd_counters_t *ctr, kilnd_job_t *job)
+void kilnd_job_run(kilnd_child_t *ch, kilnd_counters_t *ctr, kilnd_job_t *job)
 {
 	kilnd_server_t *s = job->srv;
-	kiln_artifact_t *art = NULL;
-	kiln_compile_stats_t st;
-	memset(&st, 0, sizeof(st));
 	job->err_node = -1;
-	int rc = kiln_compile(cc, job->graph, &job->opts, &art, &st, job->err,
-			      sizeof(job->err));
+	uint8_t *bytes = NULL;
+	size_t len = 0;
+	double ms = 0;
+	int rc =
+	    kilnd_child_compile(ch, job->graph, &job->opts, job->sig_hex,
+				&bytes, &len, &ms, job->err, sizeof(job->err));
 	if (rc < 0) {
 		job->rc = rc;
 		KILND_COUNT(ctr, failed);
 		return;
 	}
-	snprintf(art->signature, sizeof(art->signature), "%s", job->sig_hex);
-	msgpack_sbuffer sb;
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer pk;
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	rc = kiln_artifact_pack(art, &pk);
-	kiln_artifact_free(art);
-	if (rc < 0) {
-		msgpack_sbuffer_destroy(&sb);
-		job->rc = rc;
-		snprintf(job->err, sizeof(job->err), "cannot encode artifact");
-		KILND_COUNT(ctr, failed);
-		return;
-	}
-	job->compile_ms = st.total_ms;
-	job->result = kilnd_blob_new(job->sig, sb.data, sb.size, st.total_ms);
+	job->compile_ms = ms;
+	job->result = kilnd_blob_new(job->sig, bytes, len, ms);
 	if (job->result == NULL) {
-		msgpack_sbuffer_destroy(&sb);
+		free(bytes);
 		job->rc = -ENOMEM;
 		snprintf(job->err, sizeof(job->err), "out of memory");
 		return;
 	}
-	/* Store it (on this worker: the loop never touches disk). A store
+	/* Store it (on this thread: the loop never touches disk). A store
 	 * that cannot keep it (disk full) still lets us answer. */
 	kiln_cache_meta_t meta = {job->target.backend, s->fingerprint,
-				  (uint32_t)(st.total_ms + 0.5),
+				  (uint32_t)(ms + 0.5),
 				  KILN_CACHE_SOURCE_COMPILED};
 	char err[512];
-	if (kiln_cache_put(s->store, job->sig, sb.data, sb.size, &meta, err,
+	if (kiln_cache_put(s->store, job->sig, bytes, len, &meta, err,
 			   sizeof(err)) < 0) {
 		KILND_COUNT(ctr, store_put_errors);
 		KILN_LOG(KILN_LOG_WARN,
 			 "msg=\"artifact not stored\" sig=%s err=\"%s\"",
 			 job->sig_hex, err);
 	}
-	msgpack_sbuffer_destroy(&sb);
+	free(bytes);
 	KILND_COUNT(ctr, compiled);
 	job->rc = 0;
 }
@@ -1196,6 +1183,29 @@ static void store_dir(kilnd_server_t *s, char *out, size_t n)
 		snprintf(out, n, "/var/cache/kiln");
 }
 
+/* The compile worker: the setting, else next to this executable (a build
+ * tree), else the installed one. */
+static void worker_path(kilnd_server_t *s, char *out, size_t n)
+{
+	if (s->cfg.compile_worker != NULL && s->cfg.compile_worker[0]) {
+		snprintf(out, n, "%s", s->cfg.compile_worker);
+		return;
+	}
+	char self[2048];
+	ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (len > 0) {
+		self[len] = '\0';
+		char *slash = strrchr(self, '/');
+		if (slash != NULL) {
+			*slash = '\0';
+			snprintf(out, n, "%s/kiln-compile-worker", self);
+			if (access(out, X_OK) == 0)
+				return;
+		}
+	}
+	snprintf(out, n, "%s/kiln/kiln-compile-worker", KILN_LIBEXECDIR);
+}
+
 static void print_setting(const char *name, const char *value,
 			  const char *source, const char *doc, void *arg)
 {
@@ -1233,8 +1243,17 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 	if (s->wctr == NULL)
 		return -ENOMEM;
 	kilnd_latency_init(&s->lat);
-	if ((rc = kilnd_pool_new(s->nworkers, NULL, s->cfg.queue_depth, s->wctr,
-				 job_done_cb, s, &s->pool, err, errlen)) < 0)
+	char worker[4096];
+	worker_path(s, worker, sizeof(worker));
+	kilnd_pool_opts_t po = {
+	    .threads = s->nworkers,
+	    .worker_path = worker,
+	    .worker_idle_s = s->cfg.worker_idle_s,
+	    .kill_after_s = 2 * s->cfg.compile_timeout_s + 60,
+	    .queue_depth = s->cfg.queue_depth,
+	};
+	if ((rc = kilnd_pool_new(&po, s->wctr, job_done_cb, s, &s->pool, err,
+				 errlen)) < 0)
 		return rc;
 	snprintf(s->fingerprint, sizeof(s->fingerprint), "%s",
 		 kilnd_pool_fingerprint(s->pool));

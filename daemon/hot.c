@@ -195,11 +195,11 @@ static void shrink_to(kilnd_hot_t *h, uint64_t max)
 
 void kilnd_hot_put(kilnd_hot_t *h, kilnd_blob_t *b)
 {
-	if (b->len > h->max_bytes)
-		return;
 	hot_entry_t *e = find(h, b->sig);
 	if (e != NULL)
 		erase(h, e);
+	if (b->len > h->max_bytes)
+		return;
 	shrink_to(h, h->max_bytes - b->len);
 	if ((h->count + 1) * 4 > h->cap * 3 && grow(h) < 0)
 		return; /* no memory: simply not kept */
@@ -221,7 +221,8 @@ void kilnd_hot_remove(kilnd_hot_t *h, const uint8_t sig[KILN_SIG_BYTES])
 
 void kilnd_hot_clear(kilnd_hot_t *h)
 {
-	shrink_to(h, 0);
+	while (h->tail != NULL) /* zero-length blobs too */
+		erase(h, h->tail);
 }
 
 void kilnd_hot_set_max(kilnd_hot_t *h, uint64_t max_bytes)

@@ -550,6 +550,11 @@ static void answer_status(opwork_t *o)
 static void op_status(kilnd_conn_t *c, const kiln_request_t *req)
 {
 	const msgpack_object *so = kiln_map_get(&req->body, "settings");
+	if (so != NULL && so->type != MSGPACK_OBJECT_NIL &&
+	    so->type != MSGPACK_OBJECT_BOOLEAN) {
+		bad_request(c, req->id, "%s: want a bool", "settings");
+		return;
+	}
 	bool settings =
 	    so != NULL && so->type == MSGPACK_OBJECT_BOOLEAN && so->via.boolean;
 	if (settings && !kilnd_conn_is_admin(c)) {
@@ -639,6 +644,15 @@ static void op_list(kilnd_conn_t *c, const kiln_request_t *req)
 			return;
 		}
 		o->limit = (uint32_t)v->via.u64;
+		if (o->limit == 0) { /* "at most 0 entries" */
+			reply_t r;
+			reply_begin(&r, req->id, 1);
+			pk_str(&r.pk, "entries");
+			msgpack_pack_array(&r.pk, 0);
+			kilnd_reply_packed(c, &r.sb);
+			free(o);
+			return;
+		}
 	}
 	v = kiln_map_get(&req->body, "target");
 	if (v != NULL && v->type != MSGPACK_OBJECT_NIL) {

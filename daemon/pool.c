@@ -440,12 +440,13 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&p->mu);
 
 		kilnd_job_run(&w->child, w->child.ctr, j);
-
+		/* Hand the job back before counting the thread idle, so that
+		 * "no thread busy" means every result is on the done queue. */
+		p->done(j, p->arg);
 		pthread_mutex_lock(&p->mu);
 		p->busy--;
 		w->running_since = 0;
 		pthread_mutex_unlock(&p->mu);
-		p->done(j, p->arg);
 	}
 	child_stop(&w->child, false);
 	return NULL;

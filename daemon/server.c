@@ -1075,6 +1075,8 @@ static void tick_cb(uv_timer_t *t)
 	if (now / 1000 % 10 == 0)
 		status_line(s);
 	if (s->draining) {
+		/* Finished jobs first: their clients get their artifacts. */
+		done_async_cb(&s->done_async);
 		uint32_t q, busy, total;
 		kilnd_pool_load(s->pool, &q, &busy, &total);
 		bool idle = busy == 0 && s->pending_work == 0;
@@ -1152,6 +1154,11 @@ static void on_signal(uv_signal_t *h, int signum)
 			kiln_log_level = lvl;
 		s->lim.max_frame_bytes = s->cfg.max_frame_bytes;
 		s->lim.max_nodes = s->cfg.max_nodes;
+		/* Open connections take the new frame limit for their next
+		 * frame (a frame being read keeps the length it was
+		 * accepted with). */
+		for (kilnd_conn_t *c = s->conns; c != NULL; c = c->next)
+			c->dec.max_frame_bytes = s->cfg.max_frame_bytes;
 		kilnd_hot_set_max(s->hot, s->cfg.hot_bytes);
 		kilnd_pool_set_depth(s->pool, s->cfg.queue_depth);
 		kiln_cache_set_limits(s->store, s->cfg.store_max_bytes,

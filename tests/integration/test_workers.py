@@ -78,7 +78,7 @@ def test_worker_killed_mid_compile_fails_that_compile_only():
     with tempfile.TemporaryDirectory() as d:
         proc, sock = start(d, "--workers", "1")
         try:
-            slow = load("gpt2_bwd")
+            slow = load("efficientnet_fwd")  # the largest graph
             got = {}
 
             def compile_slow():
@@ -90,7 +90,12 @@ def test_worker_killed_mid_compile_fails_that_compile_only():
 
             t = threading.Thread(target=compile_slow)
             t.start()
-            time.sleep(1.0)  # the worker is compiling now
+            # Kill the worker once it is compiling (the busy thread).
+            with Client(sock) as c:
+                for _ in range(1000):
+                    if c.status()["stats"]["workers"]["busy"] == 1:
+                        break
+                    time.sleep(0.005)
             kids = children(proc.pid)
             assert len(kids) == 1
             os.kill(kids[0], signal.SIGKILL)

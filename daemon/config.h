@@ -64,6 +64,12 @@
 	  "close a connection idle this long; 0: never")                        \
 	X(drain_timeout_s, U32, 30, 1,                                          \
 	  "on SIGTERM, wait this long for running compiles")                    \
+	X(exit_idle_s, U32, 0, 1,                                               \
+	  "exit (0) after this long with no connection and no work; 0: never "  \
+	  "(libkiln's auto-started per-user kilnd sets it)")                    \
+	X(metrics_listen, STR, "", 0,                                           \
+	  "host:port of an HTTP listener serving GET /metrics (Prometheus "     \
+	  "text); empty: none")                                                 \
 	X(admin_group, STR, "", 1,                                              \
 	  "group whose members may run admin ops (besides root and kilnd's "    \
 	  "own user)")                                                          \

@@ -449,8 +449,8 @@ static void count_setting(const char *name, const char *value,
 	(*(uint32_t *)arg)++;
 }
 
-static void pack_stats(kilnd_server_t *s, msgpack_packer *pk,
-		       const kiln_cache_stats_t *st)
+void kilnd_pack_stats(kilnd_server_t *s, msgpack_packer *pk,
+		      const kiln_cache_stats_t *st)
 {
 	uint32_t q, busy, total;
 	kilnd_pool_load(s->pool, &q, &busy, &total);
@@ -536,7 +536,7 @@ static void answer_status(opwork_t *o)
 	reply_t r;
 	reply_begin(&r, o->id, o->settings ? 2 : 1);
 	pk_str(&r.pk, "stats");
-	pack_stats(s, &r.pk, &o->st);
+	kilnd_pack_stats(s, &r.pk, &o->st);
 	if (o->settings) {
 		uint32_t n = 0;
 		kilnd_config_each(&s->cfg, count_setting, &n);

@@ -993,6 +993,7 @@ static void finish(kilnd_server_t *s)
 	s->stopped = true;
 	kilnd_sd_notify("STOPPING=1\nSTATUS=stopping");
 	close_listeners(s);
+	kilnd_metrics_close(s);
 	while (s->conns != NULL)
 		conn_close(s->conns, "shutdown");
 	uv_close((uv_handle_t *)&s->tick, NULL);
@@ -1074,6 +1075,16 @@ static void tick_cb(uv_timer_t *t)
 	}
 	if (now / 1000 % 10 == 0)
 		status_line(s);
+	/* exit_idle_s: a per-user kilnd started by libkiln goes away when
+	 * nobody has used it for a while. */
+	if (s->nconns > 0 || s->njobs > 0 || s->pending_work > 0)
+		s->last_busy_ms = now;
+	else if (s->cfg.exit_idle_s > 0 && !s->draining &&
+		 now - s->last_busy_ms >= (uint64_t)s->cfg.exit_idle_s * 1000) {
+		KILN_LOG(KILN_LOG_INFO, "msg=\"idle: exiting\" exit_idle_s=%u",
+			 s->cfg.exit_idle_s);
+		kilnd_drain(s, false);
+	}
 	if (s->draining) {
 		/* Finished jobs first: their clients get their artifacts. */
 		done_async_cb(&s->done_async);
@@ -1285,6 +1296,10 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 	if (s->cfg.tcp_listen != NULL && s->cfg.tcp_listen[0] != '\0' &&
 	    (rc = listen_tcp(s, s->cfg.tcp_listen, err, errlen)) < 0)
 		return rc;
+	if (s->cfg.metrics_listen != NULL && s->cfg.metrics_listen[0] != '\0' &&
+	    (rc = kilnd_metrics_listen(s, s->cfg.metrics_listen, err, errlen)) <
+		0)
+		return rc;
 
 	uv_signal_init(s->loop, &s->sig_term);
 	uv_signal_init(s->loop, &s->sig_int);
@@ -1300,6 +1315,7 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 	uv_timer_start(&s->tick, tick_cb, 1000, 1000);
 	s->watchdog_usec = kilnd_sd_watchdog_usec();
 	s->started_ms = kilnd_now_ms(s);
+	s->last_busy_ms = s->started_ms;
 
 	kiln_cache_stats_t cs;
 	kiln_cache_stats(s->store, &cs, NULL, 0);

@@ -115,6 +115,9 @@ struct kilnd_server {
 	uint64_t watchdog_usec, last_watchdog_ms;
 	bool draining, stopped;
 	uint64_t drain_deadline_ms;
+	uint64_t last_busy_ms; /* exit_idle_s: last time anything was open */
+	uv_tcp_t metrics;      /* metrics_listen */
+	bool metrics_on;
 	uint64_t started_ms;
 	int exit_code;
 };
@@ -159,7 +162,32 @@ void kilnd_serve(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 void kilnd_drain(kilnd_server_t *s, bool wait_for_compiles);
 uint64_t kilnd_now_ms(kilnd_server_t *s);
 
+/* ---- metrics.c ---------------------------------------------------------- */
+
+/* Starts the HTTP listener of metrics_listen (GET /metrics). */
+#ifndef KILND_NO_METRICS
+int kilnd_metrics_listen(kilnd_server_t *s, const char *hostport, char *err,
+			 size_t errlen);
+void kilnd_metrics_close(kilnd_server_t *s);
+#else
+static inline int kilnd_metrics_listen(kilnd_server_t *s, const char *hp,
+				       char *err, size_t errlen)
+{
+	(void)s;
+	return kiln__errf(err, errlen, KILN_EUNSUPOP,
+			  "metrics_listen %s: not in this build", hp);
+}
+static inline void kilnd_metrics_close(kilnd_server_t *s)
+{
+	(void)s;
+}
+#endif
+
 /* ---- ops.c -------------------------------------------------------------- */
+
+/* Packs the "stats" map of a status reply (st: the store's counters). */
+void kilnd_pack_stats(kilnd_server_t *s, msgpack_packer *pk,
+		      const kiln_cache_stats_t *st);
 
 /* Handles one decoded request (the request's memory lives until return). */
 void kilnd_dispatch(kilnd_conn_t *c, const kiln_request_t *req);

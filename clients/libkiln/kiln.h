@@ -247,8 +247,129 @@ int kiln_module_run(kiln_module_t *m, const kiln_io_t *inputs,
 		    const kiln_run_opts_t *opts, char *err, size_t errlen);
 
 /* ======================================================================== */
-/* 4. Client (kilnd connection) — added by a later issue                     */
+/* 4. Client (kilnd connection)                                              */
 /* ======================================================================== */
+
+/*
+ * A connection to kilnd (PROTOCOL.md). A handle is thread-safe: calls on
+ * one handle are serialized by its mutex (one request on the wire at a
+ * time); threads that want parallel requests open one handle each. A call
+ * that finds the connection broken (kilnd restarted) reconnects once and
+ * retries, except for the ops that change state (evict, gc, shutdown).
+ * Every call has a timeout (opts.timeout_ms); past it the call fails with
+ * KILN_ETIMEOUT and the connection is dropped (a late reply cannot be
+ * mistaken for the next one's).
+ */
+typedef struct kiln_client kiln_client_t;
+
+typedef struct kiln_client_opts {
+	/* The socket; NULL: as kilnd finds it ($KILN_SOCKET; /run/kiln/
+	 * kilnd.sock for root; $XDG_RUNTIME_DIR/kiln/kilnd.sock; else
+	 * /tmp/kiln-<uid>/kilnd.sock). */
+	const char *socket;
+	int timeout_ms;		/* per call; 0: 600000 (a compile may be slow) */
+	int connect_timeout_ms; /* 0: 5000 (covers an auto-start) */
+	/* Start a per-user kilnd when none answers on the socket: -1 reads
+	 * $KILN_AUTOSTART (on unless "0"), 0 never, 1 always. Never for the
+	 * system socket (/run/kiln). Race-free: connect, take
+	 * <socket dir>/autostart.lock, connect again, spawn, wait. */
+	int autostart;
+	const char *kilnd_path; /* NULL: $KILND, else "kilnd" in $PATH */
+	uint32_t autostart_idle_s; /* the started kilnd exits when idle this
+				      long; 0: 600 */
+	size_t cache_bytes; /* in-process artifact cache; 0: 64 MiB; to
+			       disable, set cache_disable */
+	bool cache_disable;
+} kiln_client_opts_t;
+
+void kiln_client_opts_init(kiln_client_opts_t *o);
+
+/* Connects (auto-starting kilnd as the options say). *out: free with
+ * kiln_client_free. Errors: -ENOENT/-ECONNREFUSED (no kilnd, err says
+ * where it looked), KILN_ETIMEOUT, -ENOMEM. */
+int kiln_client_connect(const kiln_client_opts_t *o, kiln_client_t **out,
+			char *err, size_t errlen);
+void kiln_client_free(kiln_client_t *c);
+/* The socket path in use. */
+const char *kiln_client_socket(const kiln_client_t *c);
+
+typedef struct kiln_server_info {
+	char server[32];
+	char version[32];
+	uint32_t protocol;
+	char fingerprint[256];
+	kiln_target_t target; /* the first (CPU) target */
+	uint64_t max_frame_bytes;
+	uint32_t max_nodes, max_inflight;
+} kiln_server_info_t;
+
+/* hello (cached after the first call on a connection). */
+int kiln_client_hello(kiln_client_t *c, kiln_server_info_t *out, char *err,
+		      size_t errlen);
+
+typedef struct kiln_result {
+	uint8_t *artifact; /* malloc'd; kiln_result_free */
+	size_t artifact_len;
+	char signature[KILN_SIG_HEX];
+	char source[16]; /* memory|disk|remote|compiled|joined, or "local":
+			    the in-process cache */
+	double compile_ms;
+	int64_t err_node; /* on an error reply naming a node, else -1 */
+} kiln_result_t;
+
+void kiln_result_free(kiln_result_t *r);
+
+/*
+ * Compiles g: the in-process cache first, then `lookup` by the signature
+ * computed here (with hello's fingerprint and target), then `compile` with
+ * the graph. t NULL: the daemon's CPU target; o NULL: defaults; dynamic -1
+ * (automatic), 0, 1; priority NULL ("interactive") or "batch". On success
+ * *out holds the artifact. Errors: the daemon's (KILN_E*, message in err,
+ * out->err_node set when it names a node), transport errors.
+ */
+int kiln_client_compile(kiln_client_t *c, const kiln_graph_t *g,
+			const kiln_target_t *t, const kiln_compile_opts_t *o,
+			int dynamic, const char *priority, kiln_result_t *out,
+			char *err, size_t errlen);
+/* The same for a Graph v1 file (.msgpack). */
+int kiln_client_compile_file(kiln_client_t *c, const char *path,
+			     const kiln_target_t *t,
+			     const kiln_compile_opts_t *o, int dynamic,
+			     const char *priority, kiln_result_t *out,
+			     char *err, size_t errlen);
+/* lookup by 64 hex chars: KILN_ENOTFOUND when the daemon does not have it. */
+int kiln_client_lookup(kiln_client_t *c, const char *sig_hex,
+		       kiln_result_t *out, char *err, size_t errlen);
+
+/*
+ * Any op: fields is NULL or one msgpack map of the op's fields (packed by
+ * the caller). On success *reply is the whole response map's msgpack
+ * bytes (malloc'd, free()). An error reply is returned as its code with
+ * the message in err. Used by status, list, evict, gc, shutdown and
+ * kilnctl.
+ */
+int kiln_client_call(kiln_client_t *c, kiln_op_t op, const void *fields,
+		     size_t fields_len, uint8_t **reply, size_t *reply_len,
+		     char *err, size_t errlen);
+
+/* Compiles (as kiln_client_compile) and loads the artifact: *out is a
+ * module ready for kiln_module_run (kiln_module_free). */
+int kiln_compile_and_load(kiln_client_t *c, const kiln_graph_t *g,
+			  const kiln_target_t *t, const kiln_compile_opts_t *o,
+			  kiln_module_t **out, char *err, size_t errlen);
+
+/* kiln_run: runs a loaded module's plan on the caller's buffers (the same
+ * as kiln_module_run). */
+#define kiln_run kiln_module_run
+
+/*
+ * Prometheus text exposition (version 0.0.4) of a `status` reply's "stats"
+ * map: every counter and gauge as kiln_<path>{...}, with # HELP and
+ * # TYPE lines. *out is malloc'd text (free()). Used by `kilnctl metrics`
+ * and kilnd's metrics listener.
+ */
+int kiln_metrics_format(const msgpack_object *stats, char **out,
+			size_t *len);
 
 #ifdef __cplusplus
 }

@@ -117,17 +117,20 @@ def demo_kilnd(captured):
     from kiln.client import Client
     from kiln.export import dumps
     import msgpack
-    print("\n== 5. kilnd: the captured MLP graphs compiled through the daemon, "
-          "then served again")
+    print("\n== 5. kilnd: the captured MLP graphs and a corpus graph (ResNet-18) "
+          "compiled through the daemon, then served again")
     with tempfile.TemporaryDirectory() as d:
         sock = os.path.join(d, "kilnd.sock")
         proc, hello = start_kilnd(sock)
         print(f"   kilnd {hello['version']} on {sock}, fingerprint "
               f"\"{hello['fingerprint']}\"")
         sigs = []
+        gdir = os.path.join(ROOT, "tests", "data", "graphs")
+        with open(os.path.join(gdir, "resnet18_fwd.graph.msgpack"), "rb") as f:
+            corpus = [("resnet18", msgpack.unpackb(f.read(), raw=False))]
         with Client(sock) as c:
-            for kind, graph in captured:
-                g = msgpack.unpackb(dumps(graph), raw=False)
+            for kind, g in [(k, msgpack.unpackb(dumps(gr), raw=False))
+                            for k, gr in captured] + corpus:
                 for attempt in (1, 2):
                     t0 = time.perf_counter()
                     r = c.compile(g)

@@ -392,7 +392,7 @@ int kiln_cache_flush(kiln_cache_t *c, char *err, size_t errlen)
 /* Queues a hit; flushes when the batch is full or old. Never fails: a hit
  * whose write fails is counted in touch_dropped. */
 static void touch_queue(kiln_cache_t *c, const uint8_t key[32],
-			int64_t last_used)
+			int64_t last_used, uint32_t hits)
 {
 	int64_t now_ms = kiln__cache_now_ms();
 	pthread_mutex_lock(&c->touch_mu);
@@ -402,7 +402,7 @@ static void touch_queue(kiln_cache_t *c, const uint8_t key[32],
 		kiln__touch_t *t = &c->touches[c->ntouches++];
 		memcpy(t->key, key, 32);
 		t->when = kiln__cache_now();
-		t->hits = 1;
+		t->hits = hits;
 		t->refresh = last_used < t->when - KILN__LRU_GRANULARITY_S;
 	} else {
 		KILN__COUNT(c, touch_dropped, 1);
@@ -556,7 +556,7 @@ int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	if (rc == KILN__BLOB_OK) {
 		out->size = (size_t)out->entry.size;
 		KILN__COUNT(c, hits, 1);
-		touch_queue(c, key, out->entry.last_used);
+		touch_queue(c, key, out->entry.last_used, 1);
 		return 0;
 	}
 	KILN__COUNT(c, misses, 1);
@@ -961,6 +961,12 @@ int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 int kiln_cache_touch(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 		     char *err, size_t errlen)
 {
+	return kiln_cache_touch_n(c, key, 1, err, errlen);
+}
+
+int kiln_cache_touch_n(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
+		       uint32_t hits, char *err, size_t errlen)
+{
 	int rc = 0;
 	kiln__conn_t *k = kiln__conn_get(c, &rc, err, errlen);
 	if (k == NULL)
@@ -982,7 +988,7 @@ int kiln_cache_touch(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	}
 	kiln__conn_put(c, k);
 	if (rc == 0)
-		touch_queue(c, key, INT64_MIN); /* explicit: always */
+		touch_queue(c, key, INT64_MIN, hits); /* explicit: always */
 	return rc;
 }
 

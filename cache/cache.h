@@ -182,6 +182,11 @@ int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 int kiln_cache_touch(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 		     char *err, size_t errlen);
 
+/* As touch, counting `hits` uses (a caller that served key from its own
+ * memory that many times since it last told the store). */
+int kiln_cache_touch_n(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
+		       uint32_t hits, char *err, size_t errlen);
+
 /* Removes key's entry (and its blob when no other key shares it; a blob
  * being read is unlinked only after that read). KILN_ENOTFOUND when absent.
  */

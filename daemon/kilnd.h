@@ -84,6 +84,7 @@ uint64_t kilnd_hot_count(const kilnd_hot_t *h);
 	X(hit_remote, "answered from the remote tier")                         \
 	X(compiled, "compiles finished")                                       \
 	X(joined, "requests that joined a running compile")                    \
+	X(lookup_misses, "lookups (and evicts) of signatures not stored")       \
 	X(failed, "compiles that failed")                                      \
 	X(timeouts, "requests answered timeout")                               \
 	X(busy, "requests answered busy")                                      \

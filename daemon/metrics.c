@@ -120,15 +120,17 @@ static void metrics_after(uv_work_t *w, int status)
 
 static void handle_head(mconn_t *m)
 {
-	if (strncmp(m->head, "GET ", 4) != 0 && strncmp(m->head, "HEAD ", 5))
-		return respond(m, "405 Method Not Allowed", "text/plain",
-			       "GET /metrics\n", 13);
+	if (strncmp(m->head, "GET ", 4) != 0) {
+		respond(m, "405 Method Not Allowed", "text/plain",
+			"GET /metrics\n", 13);
+		return;
+	}
 	const char *path = strchr(m->head, ' ') + 1;
 	size_t plen = strcspn(path, " ?\r\n");
-	if (plen != 8 || strncmp(path, "/metrics", 8) != 0)
-		return respond(m, "404 Not Found", "text/plain",
-			       "try /metrics\n", 13);
-	/* Two handles and the work item: close waits for the work. */
+	if (plen != 8 || strncmp(path, "/metrics", 8) != 0) {
+		respond(m, "404 Not Found", "text/plain", "try /metrics\n", 13);
+		return;
+	}
 	m->work.data = m;
 	m->srv->pending_work++;
 	if (uv_queue_work(m->srv->loop, &m->work, metrics_work, metrics_after) <

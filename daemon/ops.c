@@ -341,7 +341,7 @@ static void op_compile(kilnd_conn_t *c, const kiln_request_t *req)
 	kilnd_blob_t *b = kilnd_hot_get(s->hot, sig);
 	if (b != NULL) {
 		kiln_graph_free(g);
-		KILND_COUNT(&s->ctr, hit_memory);
+		kilnd_memory_hit(s, b->sig);
 		kilnd_reply_artifact(c, req->id, b, "memory", b->compile_ms);
 		kilnd_blob_unref(b);
 		return;
@@ -388,7 +388,7 @@ static void op_lookup(kilnd_conn_t *c, const kiln_request_t *req)
 	}
 	kilnd_blob_t *b = kilnd_hot_get(s->hot, sig);
 	if (b != NULL) {
-		KILND_COUNT(&s->ctr, hit_memory);
+		kilnd_memory_hit(s, b->sig);
 		kilnd_reply_artifact(c, req->id, b, "memory", b->compile_ms);
 		kilnd_blob_unref(b);
 		return;
@@ -456,7 +456,7 @@ void kilnd_pack_stats(kilnd_server_t *s, msgpack_packer *pk,
 	kilnd_pool_load(s->pool, &q, &busy, &total);
 	double p50, p90, p99;
 	kilnd_latency_quantiles(&s->lat, &p50, &p90, &p99);
-	msgpack_pack_map(pk, 20);
+	msgpack_pack_map(pk, 21);
 	kv_f64(pk, "uptime_s", (double)(kilnd_now_ms(s) - s->started_ms) / 1e3);
 	kv_u64(pk, "rss_bytes", kilnd_rss_bytes());
 	pk_str(pk, "connections");
@@ -477,6 +477,7 @@ void kilnd_pack_stats(kilnd_server_t *s, msgpack_packer *pk,
 	kv_u64(pk, "remote", ctr_sum(s, KILND_C_hit_remote));
 	kv_u64(pk, "compiled", ctr_sum(s, KILND_C_compiled));
 	kv_u64(pk, "joined", ctr_sum(s, KILND_C_joined));
+	kv_u64(pk, "lookup_misses", ctr_sum(s, KILND_C_lookup_misses));
 	kv_u64(pk, "failed", ctr_sum(s, KILND_C_failed));
 	kv_u64(pk, "timeouts", ctr_sum(s, KILND_C_timeouts));
 	kv_u64(pk, "busy", ctr_sum(s, KILND_C_busy));

@@ -42,6 +42,83 @@ uint64_t kilnd_now_ms(kilnd_server_t *s)
 	return uv_now(s->loop);
 }
 
+#define MEM_HITS_MAX 65536
+
+void kilnd_memory_hit(kilnd_server_t *s, const uint8_t sig[32])
+{
+	KILND_COUNT(&s->ctr, hit_memory);
+	if (s->mem_hits == NULL || s->n_mem_hits >= MEM_HITS_MAX)
+		return; /* the store's LRU is approximate; memory is bounded */
+	memcpy(s->mem_hits[s->n_mem_hits++], sig, KILN_SIG_BYTES);
+}
+
+typedef struct touch_work {
+	uv_work_t work;
+	kilnd_server_t *srv;
+	uint8_t (*sigs)[KILN_SIG_BYTES];
+	size_t n;
+} touch_work_t;
+
+static int sig_cmp(const void *a, const void *b)
+{
+	return memcmp(a, b, KILN_SIG_BYTES);
+}
+
+static void touch_work(uv_work_t *w)
+{
+	touch_work_t *t = w->data;
+	/* One touch per signature, with its count: a hot kernel served a
+	 * thousand times a second is one store update. */
+	qsort(t->sigs, t->n, KILN_SIG_BYTES, sig_cmp);
+	for (size_t i = 0; i < t->n;) {
+		size_t j = i + 1;
+		while (j < t->n &&
+		       memcmp(t->sigs[i], t->sigs[j], KILN_SIG_BYTES) == 0)
+			j++;
+		kiln_cache_touch_n(t->srv->store, t->sigs[i], (uint32_t)(j - i),
+				   NULL, 0);
+		i = j;
+	}
+}
+
+static void touch_after(uv_work_t *w, int status)
+{
+	(void)status;
+	touch_work_t *t = w->data;
+	t->srv->pending_work--;
+	t->srv->mem_hits_busy = false;
+	free(t->sigs);
+	free(t);
+}
+
+/* Hands the hot-map hits of the last second to the store. */
+static void flush_memory_hits(kilnd_server_t *s)
+{
+	if (s->n_mem_hits == 0 || s->mem_hits_busy)
+		return;
+	touch_work_t *t = calloc(1, sizeof(*t));
+	uint8_t(*fresh)[KILN_SIG_BYTES] = malloc(MEM_HITS_MAX * sizeof(*fresh));
+	if (t == NULL || fresh == NULL) {
+		free(t);
+		free(fresh);
+		return;
+	}
+	t->srv = s;
+	t->sigs = s->mem_hits;
+	t->n = s->n_mem_hits;
+	s->mem_hits = fresh;
+	s->n_mem_hits = 0;
+	t->work.data = t;
+	s->pending_work++;
+	s->mem_hits_busy = true;
+	if (uv_queue_work(s->loop, &t->work, touch_work, touch_after) < 0) {
+		s->pending_work--;
+		s->mem_hits_busy = false;
+		free(t->sigs);
+		free(t);
+	}
+}
+
 /* ---- connections -------------------------------------------------------- */
 
 void kilnd_conn_ref(kilnd_conn_t *c)
@@ -186,7 +263,12 @@ void kilnd_reply_packed(kilnd_conn_t *c, msgpack_sbuffer *sb)
 void kilnd_reply_error(kilnd_conn_t *c, uint64_t id, int code, const char *msg,
 		       int64_t node)
 {
-	kilnd_count_error(&c->srv->ctr, code);
+	/* A lookup miss is the protocol working (the client then sends
+	 * the graph), not an error. */
+	if (code == KILN_ENOTFOUND)
+		KILND_COUNT(&c->srv->ctr, lookup_misses);
+	else
+		kilnd_count_error(&c->srv->ctr, code);
 	KILN_LOG(code == KILN_ENOTFOUND ? KILN_LOG_DEBUG : KILN_LOG_INFO,
 		 "msg=\"request failed\" conn=%llu pid=%ld id=%llu code=%s "
 		 "err=\"%s\"",
@@ -722,7 +804,7 @@ void kilnd_serve(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 	if (b != NULL) {
 		kiln_graph_free(g);
 		kiln_graph_free(fallback);
-		KILND_COUNT(&s->ctr, hit_memory);
+		kilnd_memory_hit(s, b->sig);
 		kilnd_reply_artifact(c, id, b, "memory", b->compile_ms);
 		kilnd_blob_unref(b);
 		return;
@@ -1045,6 +1127,8 @@ static void tick_cb(uv_timer_t *t)
 	kilnd_server_t *s = t->data;
 	uint64_t now = kilnd_now_ms(s);
 	expire_waiters(s, now);
+	if (!s->draining)
+		flush_memory_hits(s);
 	if (s->cfg.idle_timeout_s > 0) {
 		uint64_t idle = (uint64_t)s->cfg.idle_timeout_s * 1000;
 		kilnd_conn_t *c = s->conns;
@@ -1278,6 +1362,7 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 	s->target = *kilnd_pool_target(s->pool);
 	s->hot = kilnd_hot_new(s->cfg.hot_bytes);
 	s->dyn = calloc(KILND_DYN_MAX, sizeof(*s->dyn));
+	s->mem_hits = malloc(MEM_HITS_MAX * sizeof(*s->mem_hits));
 	if (s->dyn == NULL)
 		return -ENOMEM;
 	s->jobs_cap = 1024;
@@ -1422,6 +1507,7 @@ int kilnd_run(int argc, char **argv)
 		kiln_graph_free(s->dyn[i].gg);
 	}
 	free(s->dyn);
+	free(s->mem_hits);
 	free(s->jobs);
 	free(s->wctr);
 	uv_loop_close(s->loop);

@@ -116,7 +116,13 @@ struct kilnd_server {
 	bool draining, stopped;
 	uint64_t drain_deadline_ms;
 	uint64_t last_busy_ms; /* exit_idle_s: last time anything was open */
-	uv_tcp_t metrics;      /* metrics_listen */
+	/* Signatures served from the hot map since the last tick: the store
+	 * hears of them (last_used, hits) from libuv's pool, so that its LRU
+	 * does not evict the kernels served most. */
+	uint8_t (*mem_hits)[KILN_SIG_BYTES];
+	size_t n_mem_hits;
+	bool mem_hits_busy;
+	uv_tcp_t metrics; /* metrics_listen */
 	bool metrics_on;
 	uint64_t started_ms;
 	int exit_code;
@@ -161,6 +167,8 @@ void kilnd_serve(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 /* Starts draining (stop accepting, finish in-flight work, exit). */
 void kilnd_drain(kilnd_server_t *s, bool wait_for_compiles);
 uint64_t kilnd_now_ms(kilnd_server_t *s);
+/* Counts a hot-map hit and queues the store's touch of it. */
+void kilnd_memory_hit(kilnd_server_t *s, const uint8_t sig[32]);
 
 /* ---- metrics.c ---------------------------------------------------------- */
 

@@ -55,9 +55,11 @@ void kilnd_latency_quantiles(kilnd_latency_t *l, double *p50, double *p90,
 	if (n == 0)
 		return;
 	qsort(v, n, sizeof(double), cmp_double);
-	*p50 = v[(n - 1) * 50 / 100];
-	*p90 = v[(n - 1) * 90 / 100];
-	*p99 = v[(n - 1) * 99 / 100];
+	/* Nearest rank: the smallest sample with at least q of them at or
+	 * below it (ceil(q*n) - 1). */
+	*p50 = v[(n * 50 + 99) / 100 - 1];
+	*p90 = v[(n * 90 + 99) / 100 - 1];
+	*p99 = v[(n * 99 + 99) / 100 - 1];
 }
 
 uint64_t kilnd_rss_bytes(void)

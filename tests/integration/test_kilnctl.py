@@ -663,3 +663,42 @@ def test_verify_as_root_keeps_the_owner(nobody_kilnctl, kilnctl_bin, make_kilnd,
         for n in ds + fs:
             st = os.stat(os.path.join(r, n))
             assert st.st_uid == 65534, f"{os.path.join(r, n)} is owned by {st.st_uid}"
+
+
+def test_metrics_http_listener(make_kilnd):
+    """kilnd's metrics_listen: GET /metrics over HTTP gives the same text
+    format (parsed and checked like `kilnctl metrics`); other paths 404;
+    off by default (no listener without the setting)."""
+    import http.client
+    import socket as socketmod
+    s = socketmod.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    d = make_kilnd(args=["--metrics-listen", f"127.0.0.1:{port}"])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    r = conn.getresponse()
+    body = r.read().decode()
+    assert r.status == 200
+    assert r.getheader("Content-Type").startswith("text/plain; version=0.0.4")
+    fams = parse_prometheus(body)
+    assert fams["kiln_connections_current"]["type"] == "gauge"
+    assert fams["kiln_requests_total"]["type"] == "counter"
+    assert sample(fams, "kiln_compiled_total") == 0
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/other")
+    assert conn.getresponse().status == 404
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/metrics", body="x")
+    assert conn.getresponse().status == 405
+    conn.close()
+    # A client that connects and says nothing is dropped, kilnd serves on.
+    idle = socketmod.create_connection(("127.0.0.1", port))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    assert conn.getresponse().status == 200
+    conn.close()
+    idle.close()

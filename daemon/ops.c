@@ -206,6 +206,7 @@ static bool route_dynamic(kilnd_conn_t *c, uint64_t id, kiln_graph_t *g,
 			0)
 			return false;
 		KILND_COUNT(&s->ctr, dynamic_hits);
+		kilnd_memo_put(s, s->cur_memo, e->gsig);
 		kiln_graph_free(g);
 		kilnd_serve(s, c, id, copy, t, o, prio, e->gsig, e, NULL, NULL);
 		return true;
@@ -250,6 +251,7 @@ compile:
 	KILN_LOG(KILN_LOG_INFO,
 		 "msg=\"compiling a generalized graph\" sig=%s symbols=%u", hex,
 		 gg->n_symbols);
+	kilnd_memo_put(s, s->cur_memo, e->gsig);
 	kilnd_serve(s, c, id, gg, t, o, prio, e->gsig, e, g, sig);
 	return true;
 }
@@ -337,6 +339,8 @@ static void op_compile(kilnd_conn_t *c, const kiln_request_t *req)
 		kilnd_reply_error(c, req->id, rc, "cannot sign the graph", -1);
 		return;
 	}
+	/* Repeats of these exact bytes skip all of the above (memo.c). */
+	kilnd_memo_put(s, s->cur_memo, sig);
 	/* The exact graph first: in memory, or being compiled. */
 	kilnd_blob_t *b = kilnd_hot_get(s->hot, sig);
 	if (b != NULL) {

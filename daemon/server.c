@@ -330,9 +330,42 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 	*buf = uv_buf_init(slab, sizeof(slab));
 }
 
+/* A repeated compile whose artifact is in the hot map, recognized by its
+ * bytes (memo.c): answered without decoding. True when answered. */
+static bool fast_compile(kilnd_conn_t *c, const kilnd_memo_key_t *mk)
+{
+	kilnd_server_t *s = c->srv;
+	uint8_t sig[KILN_SIG_BYTES];
+	if (s->draining || !kilnd_memo_get(s, mk, sig))
+		return false;
+	kilnd_blob_t *b = kilnd_hot_get(s->hot, sig);
+	if (b == NULL)
+		return false;
+	c->inflight++;
+	atomic_fetch_add_explicit(&s->ctr.v[KILND_C_req_compile], 1,
+				  memory_order_relaxed);
+	if (c->inflight > s->cfg.max_inflight) {
+		char m[128];
+		snprintf(m, sizeof(m),
+			 "more than %u requests in flight on this connection",
+			 s->cfg.max_inflight);
+		KILND_COUNT(&s->ctr, busy);
+		kilnd_reply_error(c, mk->id, KILN_EBUSY, m, -1);
+	} else {
+		kilnd_memory_hit(s, sig);
+		kilnd_reply_artifact(c, mk->id, b, "memory", b->compile_ms);
+	}
+	kilnd_blob_unref(b);
+	return true;
+}
+
 static void handle_body(kilnd_conn_t *c, const uint8_t *body, size_t len)
 {
 	kilnd_server_t *s = c->srv;
+	kilnd_memo_key_t mk;
+	bool memo = kilnd_memo_key(body, len, &mk);
+	if (memo && fast_compile(c, &mk))
+		return;
 	msgpack_zone zone;
 	msgpack_zone_init(&zone, 4096);
 	kiln_request_t req;
@@ -358,7 +391,9 @@ static void handle_body(kilnd_conn_t *c, const uint8_t *body, size_t len)
 			 "msg=request conn=%llu pid=%ld id=%llu op=%s",
 			 (unsigned long long)c->num, (long)c->pid,
 			 (unsigned long long)req.id, kiln_op_name(req.op));
+		s->cur_memo = memo && req.op == KILN_OP_COMPILE ? &mk : NULL;
 		kilnd_dispatch(c, &req);
+		s->cur_memo = NULL;
 	}
 	msgpack_zone_destroy(&zone);
 }
@@ -1363,6 +1398,8 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 	s->hot = kilnd_hot_new(s->cfg.hot_bytes);
 	s->dyn = calloc(KILND_DYN_MAX, sizeof(*s->dyn));
 	s->mem_hits = malloc(MEM_HITS_MAX * sizeof(*s->mem_hits));
+	if (kilnd_memo_init(s) < 0)
+		return -ENOMEM;
 	if (s->dyn == NULL)
 		return -ENOMEM;
 	s->jobs_cap = 1024;
@@ -1508,6 +1545,7 @@ int kilnd_run(int argc, char **argv)
 	}
 	free(s->dyn);
 	free(s->mem_hits);
+	kilnd_memo_free(s);
 	free(s->jobs);
 	free(s->wctr);
 	uv_loop_close(s->loop);

@@ -16,6 +16,14 @@
 
 typedef struct kilnd_conn kilnd_conn_t;
 
+/* memo.c: where the id sits in a request's bytes, and their hash. */
+typedef struct kilnd_memo_key {
+	bool valid;
+	uint64_t hash, id;
+	size_t id_start, id_end, len;
+	const uint8_t *body;
+} kilnd_memo_key_t;
+
 /* Automatic dynamic shapes: what kilnd knows of one graph structure. */
 typedef enum {
 	KILND_DYN_FREE = 0,
@@ -98,7 +106,10 @@ struct kilnd_server {
 	uint32_t nconns;
 	uint64_t conn_seq;
 
-	kilnd_dyn_t *dyn; /* KILND_DYN_MAX entries */
+	struct kilnd_memo_entry *memo; /* memo.c */
+	uint64_t memo_bytes;
+	const kilnd_memo_key_t *cur_memo; /* the request being dispatched */
+	kilnd_dyn_t *dyn;		  /* KILND_DYN_MAX entries */
 	uint64_t dyn_clock;
 
 	kilnd_job_t **jobs; /* in-flight table (chained) */
@@ -190,6 +201,20 @@ static inline void kilnd_metrics_close(kilnd_server_t *s)
 	(void)s;
 }
 #endif
+
+/* ---- memo.c ------------------------------------------------------------- */
+
+/* Finds the id in a request's bytes (a fixmap whose "id" comes among its
+ * first small scalars); false when the request cannot be memoized. */
+bool kilnd_memo_key(const uint8_t *body, size_t len, kilnd_memo_key_t *k);
+/* The signature that answered these exact bytes before, if any. */
+bool kilnd_memo_get(kilnd_server_t *s, const kilnd_memo_key_t *k,
+		    uint8_t sig[KILN_SIG_BYTES]);
+/* Records it (k may be NULL: nothing to record). */
+void kilnd_memo_put(kilnd_server_t *s, const kilnd_memo_key_t *k,
+		    const uint8_t sig[KILN_SIG_BYTES]);
+int kilnd_memo_init(kilnd_server_t *s);
+void kilnd_memo_free(kilnd_server_t *s);
 
 /* ---- ops.c -------------------------------------------------------------- */
 

@@ -1280,3 +1280,38 @@ def test_max_connections(make_kilnd):
     finally:
         a.close()
         b.close()
+
+
+def test_repeat_compile_by_bytes(make_kilnd):
+    """A repeated compile whose bytes match an earlier one except for the
+    id (memo.c) is answered from the hot map without decoding: the reply
+    carries the new id and the same artifact; a different graph is never
+    answered from it; once the hot map lost the artifact, the normal path
+    answers again."""
+    variant = _c.variant
+    d = make_kilnd()
+    g = graph("mlp_fwd")
+    with d.client() as c:
+        def compile_as(rid, gr):
+            # v, id, op first, as libkiln and kiln.client write them.
+            c.send_raw(frame({"v": 1, "id": rid, "op": "compile",
+                              "graph": gr, "target": {"backend": "cpu"}}))
+            return c.wait(rid)
+
+        r1 = compile_as(1, g)
+        assert r1["ok"] and r1["source"] == "compiled"
+        for rid in (2, 300, 70000, 2**40):  # ids of every msgpack width
+            r = compile_as(rid, g)
+            assert r["ok"] and r["id"] == rid and r["source"] == "memory"
+            assert r["artifact"] == r1["artifact"]
+            assert r["signature"] == r1["signature"]
+        other = compile_as(5, variant("mlp_fwd", 1))
+        assert other["ok"] and other["source"] == "compiled"
+        assert other["signature"] != r1["signature"]
+        st = d.stats()
+        assert st["requests"]["compile"] == 6
+        assert st["hits"]["memory"] == 4
+        c.send_raw(frame({"v": 1, "id": 6, "op": "evict", "all": True}))
+        assert c.wait(6)["ok"]
+        r = compile_as(7, g)
+        assert r["ok"] and r["source"] == "compiled"

@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -370,10 +371,13 @@ int kilnd_child_compile(kilnd_child_t *ch, const kiln_graph_t *g,
 		} else {
 			const msgpack_object *c = kiln_map_get(&m, "code");
 			const msgpack_object *msg = kiln_map_get(&m, "message");
-			rc = c != NULL &&
-				     c->type == MSGPACK_OBJECT_NEGATIVE_INTEGER
-				 ? (int)c->via.i64
-				 : KILN_ECOMPILE;
+			/* A worker's code must be a negative int; anything
+			 * else (a buggy worker) is a failed compile. */
+			rc = KILN_ECOMPILE;
+			if (c != NULL &&
+			    c->type == MSGPACK_OBJECT_NEGATIVE_INTEGER &&
+			    c->via.i64 >= INT_MIN)
+				rc = (int)c->via.i64;
 			if (msg != NULL && msg->type == MSGPACK_OBJECT_STR)
 				kiln__errf(err, errlen, rc, "%.*s",
 					   (int)msg->via.str.size,

@@ -188,7 +188,9 @@ static void write_cb(uv_write_t *req, int status)
 	c->pending_write -= w->bytes;
 	if (status < 0 && status != UV_ECANCELED)
 		conn_close(c, uv_strerror(status));
-	else if (c->paused && !c->closing &&
+	else if (c->close_when_written && c->pending_write == 0)
+		conn_close(c, "shutdown: replies written");
+	else if (c->paused && !c->closing && !c->close_when_written &&
 		 c->pending_write <= c->srv->cfg.max_pending_write_bytes / 2) {
 		c->paused = false;
 		extern void kilnd__read_start(kilnd_conn_t * c);
@@ -1204,11 +1206,13 @@ static void tick_cb(uv_timer_t *t)
 			 s->cfg.exit_idle_s);
 		kilnd_drain(s, false);
 	}
-	if (s->draining) {
-		/* Finished jobs first: their clients get their artifacts. */
-		done_async_cb(&s->done_async);
+	if (s->draining && !s->flushing) {
+		/* Load first, then take the finished jobs: a thread counts
+		 * itself idle only after its job is on the done queue, so
+		 * every result counted here is answered with its artifact. */
 		uint32_t q, busy, total;
 		kilnd_pool_load(s->pool, &q, &busy, &total);
+		done_async_cb(&s->done_async);
 		bool idle = busy == 0 && s->pending_work == 0;
 		if (idle || now >= s->drain_deadline_ms) {
 			if (!idle)
@@ -1225,9 +1229,28 @@ static void tick_cb(uv_timer_t *t)
 						   "kilnd is shutting down",
 						   -1);
 			s->exit_code = 0;
-			finish(s);
+			/* Replies already queued still go out: close what
+			 * has nothing left to write now, the rest when its
+			 * writes are done (or after 5 s). */
+			s->flushing = true;
+			s->flush_deadline_ms = now + 5000;
+			kilnd_conn_t *c = s->conns;
+			while (c != NULL) {
+				kilnd_conn_t *next = c->next;
+				if (c->pending_write == 0) {
+					conn_close(c, "shutdown");
+				} else {
+					c->close_when_written = true;
+					if (!c->paused)
+						uv_read_stop(&c->h.stream);
+					c->paused = true;
+				}
+				c = next;
+			}
 		}
 	}
+	if (s->flushing && (s->nconns == 0 || now >= s->flush_deadline_ms))
+		finish(s);
 }
 
 static void kilnd__cfg_swap_STR(char **a, char **b)
@@ -1409,6 +1432,7 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 
 	pthread_mutex_init(&s->done_mu, NULL);
 	uv_async_init(s->loop, &s->done_async, done_async_cb);
+	s->async_init = true;
 	s->done_async.data = s;
 
 	if ((rc = adopt_fds(s, err, errlen)) < 0)
@@ -1455,6 +1479,11 @@ static int start(kilnd_server_t *s, char *err, size_t errlen)
 
 int kilnd_run(int argc, char **argv)
 {
+	/* 0, 1 and 2 must be open: the worker processes get their pipes
+	 * through dup2 onto 0 and 1, and a pipe must never land there. */
+	for (int fd = 0; fd < 3; fd++)
+		if (fcntl(fd, F_GETFD) < 0)
+			open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
 	kilnd_server_t *s = calloc(1, sizeof(*s));
 	if (s == NULL)
 		return 1;
@@ -1534,7 +1563,7 @@ int kilnd_run(int argc, char **argv)
 			job_free(j);
 		}
 	}
-	if (s->jobs != NULL && !uv_is_closing((uv_handle_t *)&s->done_async))
+	if (s->async_init && !uv_is_closing((uv_handle_t *)&s->done_async))
 		uv_close((uv_handle_t *)&s->done_async, NULL);
 	uv_run(s->loop, UV_RUN_DEFAULT); /* close callbacks */
 	kiln_cache_close(s->store);

@@ -67,6 +67,7 @@ struct kilnd_conn {
 	uint64_t pending_write; /* reply bytes not yet written */
 	uint32_t refs;		/* the handle + waiters + work items */
 	bool closing, paused, is_unix, creds;
+	bool close_when_written; /* shutting down: close after the replies */
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
@@ -124,7 +125,9 @@ struct kilnd_server {
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick; /* 1 s: timeouts, idle, watchdog, status, drain */
 	uint64_t watchdog_usec, last_watchdog_ms;
-	bool draining, stopped;
+	bool draining, stopped, async_init;
+	bool flushing; /* drain done: writing the last replies */
+	uint64_t flush_deadline_ms;
 	uint64_t drain_deadline_ms;
 	uint64_t last_busy_ms; /* exit_idle_s: last time anything was open */
 	/* Signatures served from the hot map since the last tick: the store

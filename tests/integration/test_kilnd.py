@@ -1315,3 +1315,49 @@ def test_repeat_compile_by_bytes(make_kilnd):
         assert c.wait(6)["ok"]
         r = compile_as(7, g)
         assert r["ok"] and r["source"] == "compiled"
+
+
+def test_drain_writes_the_replies_already_queued(make_kilnd):
+    """A shutdown while a client has many replies queued (it is not
+    reading): kilnd stops reading, writes what it already answered, then
+    exits 0; the client reads every reply whole before the end of the
+    stream."""
+    d = make_kilnd(args=["--max-pending-write-bytes", "1M"])
+    g = graph("mlp_fwd")
+    with d.client() as a, d.client() as b:
+        a.send_raw(frame({"v": 1, "id": 1, "op": "compile", "graph": g,
+                          "target": {"backend": "cpu"}}))
+        assert a.wait(1)["ok"]
+        n = 400
+        data = b"".join(frame({"v": 1, "id": 10 + i, "op": "compile",
+                               "graph": g, "target": {"backend": "cpu"}})
+                        for i in range(n))
+        b.sock.setblocking(False)
+        sent = 0
+        t0 = time.time()
+        while sent < len(data) and time.time() - t0 < 5:
+            try:
+                sent += b.sock.send(data[sent:sent + 65536])
+            except BlockingIOError:
+                time.sleep(0.01)
+        b.sock.setblocking(True)
+        time.sleep(0.5)  # kilnd has answered what it read
+        a.send_raw(frame({"v": 1, "id": 2, "op": "shutdown"}))
+        assert a.wait(2)["ok"]
+        got = 0
+        try:
+            while True:
+                r = b.recv()
+                # Answered before the drain: the artifact; read after it
+                # began: shutting_down. Either way a whole reply.
+                if r["ok"]:
+                    assert len(r["artifact"]) > 0
+                    got += 1
+                else:
+                    assert r["error"]["code"] == "shutting_down", r
+        except Closed:
+            pass
+        assert got > 0
+        assert b.buf == b""  # no reply was cut short
+    assert d.wait_exit(60) == 0
+    d.expect_clean = False

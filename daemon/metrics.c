@@ -201,27 +201,11 @@ static void on_conn(uv_stream_t *server, int status)
 int kilnd_metrics_listen(kilnd_server_t *s, const char *hostport, char *err,
 			 size_t errlen)
 {
-	char host[256];
-	const char *colon = strrchr(hostport, ':');
-	if (colon == NULL || colon == hostport)
-		return kiln__errf(err, errlen, -EINVAL,
-				  "metrics_listen %s: want host:port",
-				  hostport);
-	snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
-	int port = atoi(colon + 1);
 	struct sockaddr_storage sa;
-	int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&sa);
-	if (rc < 0) {
-		char *h6 = host;
-		if (h6[0] == '[') {
-			h6++;
-			h6[strcspn(h6, "]")] = '\0';
-		}
-		rc = uv_ip6_addr(h6, port, (struct sockaddr_in6 *)&sa);
-	}
-	if (rc < 0 || port <= 0 || port > 65535)
-		return kiln__errf(err, errlen, -EINVAL,
-				  "metrics_listen %s: bad address", hostport);
+	int rc =
+	    kilnd_parse_hostport("metrics_listen", hostport, &sa, err, errlen);
+	if (rc < 0)
+		return rc;
 	uv_tcp_init(s->loop, &s->metrics);
 	s->metrics.data = s;
 	rc = uv_tcp_bind(&s->metrics, (struct sockaddr *)&sa, 0);

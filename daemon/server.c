@@ -923,17 +923,12 @@ static int mkdir_p(const char *path, mode_t mode)
 static void socket_path(kilnd_server_t *s, char *out, size_t n)
 {
 	const char *rt = getenv("RUNTIME_DIRECTORY"); /* systemd */
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
 	if (s->cfg.socket != NULL && s->cfg.socket[0] != '\0')
 		snprintf(out, n, "%s", s->cfg.socket);
 	else if (rt != NULL && rt[0] != '\0')
 		snprintf(out, n, "%.*s/kilnd.sock", (int)strcspn(rt, ":"), rt);
-	else if (geteuid() == 0)
-		snprintf(out, n, "/run/kiln/kilnd.sock");
-	else if (xdg != NULL && xdg[0] != '\0')
-		snprintf(out, n, "%s/kiln/kilnd.sock", xdg);
 	else
-		snprintf(out, n, "/tmp/kiln-%ld/kilnd.sock", (long)geteuid());
+		kiln_default_socket(out, n); /* what the clients look for */
 }
 
 static int listen_unix(kilnd_server_t *s, char *err, size_t errlen)
@@ -996,18 +991,17 @@ static int listen_unix(kilnd_server_t *s, char *err, size_t errlen)
 	return 0;
 }
 
-static int listen_tcp(kilnd_server_t *s, const char *hostport, char *err,
-		      size_t errlen)
+int kilnd_parse_hostport(const char *setting, const char *hostport,
+			 struct sockaddr_storage *sa, char *err, size_t errlen)
 {
 	char host[256];
 	const char *colon = strrchr(hostport, ':');
 	if (colon == NULL || colon == hostport)
-		return kiln__errf(err, errlen, -EINVAL,
-				  "tcp_listen %s: want host:port", hostport);
+		return kiln__errf(err, errlen, -EINVAL, "%s %s: want host:port",
+				  setting, hostport);
 	snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
 	int port = atoi(colon + 1);
-	struct sockaddr_storage sa;
-	int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&sa);
+	int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)sa);
 	if (rc < 0) {
 		/* [::1]:port or ::1 */
 		char h6[256];
@@ -1016,11 +1010,21 @@ static int listen_tcp(kilnd_server_t *s, const char *hostport, char *err,
 			memmove(h6, h6 + 1, strlen(h6));
 			h6[strcspn(h6, "]")] = '\0';
 		}
-		rc = uv_ip6_addr(h6, port, (struct sockaddr_in6 *)&sa);
+		rc = uv_ip6_addr(h6, port, (struct sockaddr_in6 *)sa);
 	}
 	if (rc < 0 || port <= 0 || port > 65535)
-		return kiln__errf(err, errlen, -EINVAL,
-				  "tcp_listen %s: bad address", hostport);
+		return kiln__errf(err, errlen, -EINVAL, "%s %s: bad address",
+				  setting, hostport);
+	return 0;
+}
+
+static int listen_tcp(kilnd_server_t *s, const char *hostport, char *err,
+		      size_t errlen)
+{
+	struct sockaddr_storage sa;
+	int rc = kilnd_parse_hostport("tcp_listen", hostport, &sa, err, errlen);
+	if (rc < 0)
+		return rc;
 	int i = s->nlisteners;
 	uv_tcp_init(s->loop, &s->listeners[i].tcp);
 	s->listeners[i].handle.data = s;

@@ -181,29 +181,19 @@ void kilnd_serve(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 /* Starts draining (stop accepting, finish in-flight work, exit). */
 void kilnd_drain(kilnd_server_t *s, bool wait_for_compiles);
 uint64_t kilnd_now_ms(kilnd_server_t *s);
+/* host:port (IPv4, or IPv6 with or without brackets) into *sa; errors name
+ * the setting. */
+int kilnd_parse_hostport(const char *setting, const char *hostport,
+			 struct sockaddr_storage *sa, char *err, size_t errlen);
 /* Counts a hot-map hit and queues the store's touch of it. */
 void kilnd_memory_hit(kilnd_server_t *s, const uint8_t sig[32]);
 
 /* ---- metrics.c ---------------------------------------------------------- */
 
 /* Starts the HTTP listener of metrics_listen (GET /metrics). */
-#ifndef KILND_NO_METRICS
 int kilnd_metrics_listen(kilnd_server_t *s, const char *hostport, char *err,
 			 size_t errlen);
 void kilnd_metrics_close(kilnd_server_t *s);
-#else
-static inline int kilnd_metrics_listen(kilnd_server_t *s, const char *hp,
-				       char *err, size_t errlen)
-{
-	(void)s;
-	return kiln__errf(err, errlen, KILN_EUNSUPOP,
-			  "metrics_listen %s: not in this build", hp);
-}
-static inline void kilnd_metrics_close(kilnd_server_t *s)
-{
-	(void)s;
-}
-#endif
 
 /* ---- memo.c ------------------------------------------------------------- */
 

@@ -76,6 +76,14 @@ const char *kiln_err_wire_name(int err);
 /* The KILN_E* code for a wire name, or 0 when the name is not in the list. */
 int kiln_err_from_wire_name(const char *name, size_t len);
 
+/*
+ * The socket kilnd listens on by default and clients look for
+ * (daemon/README.md "Where things are"): $KILN_SOCKET; /run/kiln/kilnd.sock
+ * for root; $XDG_RUNTIME_DIR/kiln/kilnd.sock; else
+ * /tmp/kiln-<uid>/kilnd.sock. 0, or -ENAMETOOLONG when it does not fit.
+ */
+int kiln_default_socket(char *out, size_t n);
+
 /* Writes printf-style detail into err[errlen] (if err != NULL) and returns
  * code. */
 int kiln__errf(char *err, size_t errlen, int code, const char *fmt, ...)

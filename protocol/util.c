@@ -9,7 +9,9 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int kiln_log_level = KILN_LOG_INFO;
 
@@ -50,6 +52,22 @@ int kiln_err_from_wire_name(const char *name, size_t len)
 	KILN_ERRNO_MAP(KILN__ERR_FROM)
 #undef KILN__ERR_FROM
 	return 0;
+}
+
+int kiln_default_socket(char *out, size_t n)
+{
+	const char *e = getenv("KILN_SOCKET");
+	int k;
+	if (e != NULL && e[0] != '\0')
+		k = snprintf(out, n, "%s", e);
+	else if (geteuid() == 0)
+		k = snprintf(out, n, "/run/kiln/kilnd.sock");
+	else if ((e = getenv("XDG_RUNTIME_DIR")) != NULL && e[0] != '\0')
+		k = snprintf(out, n, "%s/kiln/kilnd.sock", e);
+	else
+		k = snprintf(out, n, "/tmp/kiln-%u/kilnd.sock",
+			     (unsigned)geteuid());
+	return k < 0 || (size_t)k >= n ? -ENAMETOOLONG : 0;
 }
 
 int kiln__errf(char *err, size_t errlen, int code, const char *fmt, ...)

@@ -87,22 +87,10 @@ static const char USAGE[] =
  */
 static void discover_socket(ctl_t *x)
 {
+	kiln_default_socket(x->sockbuf, sizeof(x->sockbuf));
 	const char *env = getenv("KILN_SOCKET");
-	if (env != NULL && env[0] != '\0') {
-		snprintf(x->sockbuf, sizeof(x->sockbuf), "%s", env);
+	if ((env != NULL && env[0] != '\0') || geteuid() == 0)
 		return;
-	}
-	if (geteuid() == 0) {
-		snprintf(x->sockbuf, sizeof(x->sockbuf), "%s", SYSTEM_SOCKET);
-		return;
-	}
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
-	if (xdg != NULL && xdg[0] != '\0')
-		snprintf(x->sockbuf, sizeof(x->sockbuf), "%s/kiln/kilnd.sock",
-			 xdg);
-	else
-		snprintf(x->sockbuf, sizeof(x->sockbuf),
-			 "/tmp/kiln-%u/kilnd.sock", (unsigned)geteuid());
 	int e = 0, se = 0;
 	if (!ctl_exists(x->sockbuf, &e) && e == ENOENT &&
 	    (ctl_exists(SYSTEM_SOCKET, &se) || se == EACCES))

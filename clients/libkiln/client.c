@@ -194,23 +194,6 @@ void kiln_client_opts_init(kiln_client_opts_t *o)
 	o->autostart = -1;
 }
 
-/* The socket kilnd uses by default (daemon/README.md "Where things are"). */
-static int default_socket(char *out, size_t n)
-{
-	const char *e = getenv("KILN_SOCKET");
-	int k;
-	if (e != NULL && e[0] != '\0')
-		k = snprintf(out, n, "%s", e);
-	else if (geteuid() == 0)
-		k = snprintf(out, n, "%s", SYSTEM_SOCKET_DIR "kilnd.sock");
-	else if ((e = getenv("XDG_RUNTIME_DIR")) != NULL && e[0] != '\0')
-		k = snprintf(out, n, "%s/kiln/kilnd.sock", e);
-	else
-		k = snprintf(out, n, "/tmp/kiln-%u/kilnd.sock",
-			     (unsigned)geteuid());
-	return k < 0 || (size_t)k >= n ? -ENAMETOOLONG : 0;
-}
-
 static bool is_system_socket(const char *path)
 {
 	return strncmp(path, SYSTEM_SOCKET_DIR, strlen(SYSTEM_SOCKET_DIR)) == 0;
@@ -1377,7 +1360,7 @@ int kiln_client_connect(const kiln_client_opts_t *o, kiln_client_t **out,
 			 ? -ENAMETOOLONG
 			 : 0;
 	else
-		rc = default_socket(c->path, sizeof(c->path));
+		rc = kiln_default_socket(c->path, sizeof(c->path));
 	if (rc < 0) {
 		free(c);
 		return kiln__errf(err, errlen, rc,

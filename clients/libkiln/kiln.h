@@ -267,18 +267,18 @@ typedef struct kiln_client_opts {
 	 * kilnd.sock for root; $XDG_RUNTIME_DIR/kiln/kilnd.sock; else
 	 * /tmp/kiln-<uid>/kilnd.sock). */
 	const char *socket;
-	int timeout_ms;		/* per call; 0: 600000 (a compile may be slow) */
+	int timeout_ms; /* per call; 0: 600000 (a compile may be slow) */
 	int connect_timeout_ms; /* 0: 5000 (covers an auto-start) */
 	/* Start a per-user kilnd when none answers on the socket: -1 reads
 	 * $KILN_AUTOSTART (on unless "0"), 0 never, 1 always. Never for the
 	 * system socket (/run/kiln). Race-free: connect, take
 	 * <socket dir>/autostart.lock, connect again, spawn, wait. */
 	int autostart;
-	const char *kilnd_path; /* NULL: $KILND, else "kilnd" in $PATH */
+	const char *kilnd_path;	   /* NULL: $KILND, else "kilnd" in $PATH */
 	uint32_t autostart_idle_s; /* the started kilnd exits when idle this
 				      long; 0: 600 */
-	size_t cache_bytes; /* in-process artifact cache; 0: 64 MiB; to
-			       disable, set cache_disable */
+	size_t cache_bytes;	   /* in-process artifact cache; 0: 64 MiB; to
+				      disable, set cache_disable */
 	bool cache_disable;
 } kiln_client_opts_t;
 
@@ -368,8 +368,7 @@ int kiln_compile_and_load(kiln_client_t *c, const kiln_graph_t *g,
  * # TYPE lines. *out is malloc'd text (free()). Used by `kilnctl metrics`
  * and kilnd's metrics listener.
  */
-int kiln_metrics_format(const msgpack_object *stats, char **out,
-			size_t *len);
+int kiln_metrics_format(const msgpack_object *stats, char **out, size_t *len);
 
 #ifdef __cplusplus
 }

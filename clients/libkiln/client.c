@@ -1235,6 +1235,36 @@ int kiln_client_compile_file(kiln_client_t *c, const char *path,
 	return rc;
 }
 
+int kiln_client_compile_bytes(kiln_client_t *c, const uint8_t *p, size_t n,
+			      const char *mode, int dynamic,
+			      const char *priority, kiln_result_t *out,
+			      char *err, size_t errlen)
+{
+	if (out != NULL)
+		result_init(out);
+	if (c == NULL || p == NULL || out == NULL)
+		return kiln__errf(err, errlen, -EINVAL, "NULL argument");
+	kiln_compile_opts_t o;
+	memset(&o, 0, sizeof(o));
+	if (mode != NULL) {
+		if (strlen(mode) >= sizeof(o.mode))
+			return kiln__errf(err, errlen, KILN_EBADREQ,
+					  "mode: \"%.40s\" is too long", mode);
+		memcpy(o.mode, mode, strlen(mode) + 1);
+	}
+	kiln_limits_t lim;
+	kiln_limits_default(&lim);
+	kiln_graph_t *g = NULL;
+	char e2[512] = "";
+	int rc = kiln_graph_decode(p, n, &lim, &g, e2, sizeof(e2));
+	if (rc < 0)
+		return kiln__errf(err, errlen, rc, "graph: %s", e2);
+	rc = kiln_client_compile(c, g, NULL, &o, dynamic, priority, out, err,
+				 errlen);
+	kiln_graph_free(g);
+	return rc;
+}
+
 int kiln_client_lookup(kiln_client_t *c, const char *sig_hex,
 		       kiln_result_t *out, char *err, size_t errlen)
 {

@@ -337,6 +337,12 @@ int kiln_client_compile_file(kiln_client_t *c, const char *path,
 			     const kiln_compile_opts_t *o, int dynamic,
 			     const char *priority, kiln_result_t *out,
 			     char *err, size_t errlen);
+/* The same for Graph v1 bytes (the Python package's entry): the daemon's
+ * CPU target; mode NULL or "" is "default". */
+int kiln_client_compile_bytes(kiln_client_t *c, const uint8_t *p, size_t n,
+			      const char *mode, int dynamic,
+			      const char *priority, kiln_result_t *out,
+			      char *err, size_t errlen);
 /* lookup by 64 hex chars: KILN_ENOTFOUND when the daemon does not have it. */
 int kiln_client_lookup(kiln_client_t *c, const char *sig_hex,
 		       kiln_result_t *out, char *err, size_t errlen);

@@ -12,6 +12,10 @@ input), and fallback steps executed through ``torch.ops.aten``.
 """
 import ctypes
 import os
+import shutil
+import subprocess
+import sys
+import threading
 
 import torch
 
@@ -42,23 +46,95 @@ class RunOpts(ctypes.Structure):
 
 
 class KilnError(RuntimeError):
-    pass
+    """A libkiln call failed. ``code`` is the envelope's error-code name
+    ("busy", "unsupported_op", "invalid_graph", ...; "internal" for a
+    system error), ``rc`` libkiln's return code (0 when not from libkiln)."""
+
+    def __init__(self, message, code="internal", rc=0, node=None):
+        super().__init__(message)
+        self.code = code
+        self.rc = rc
+        self.node = node
 
 
-def _find_lib():
+class ClientOpts(ctypes.Structure):
+    _fields_ = [("socket", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
+                ("connect_timeout_ms", ctypes.c_int), ("autostart", ctypes.c_int),
+                ("kilnd_path", ctypes.c_char_p), ("autostart_idle_s", ctypes.c_uint32),
+                ("cache_bytes", ctypes.c_size_t), ("cache_disable", ctypes.c_bool)]
+
+
+class Result(ctypes.Structure):
+    _fields_ = [("artifact", ctypes.c_void_p), ("artifact_len", ctypes.c_size_t),
+                ("signature", ctypes.c_char * 65), ("source", ctypes.c_char * 16),
+                ("compile_ms", ctypes.c_double), ("err_node", ctypes.c_int64)]
+
+
+_libc = ctypes.CDLL(None)
+# protocol.h's kiln_op_t, in PROTOCOL.md's order
+OPS = {"hello": 0, "compile": 1, "lookup": 2, "status": 3, "list": 4, "evict": 5, "gc": 6,
+       "shutdown": 7}
+# transport failures (-errno, KILN_ETIMEOUT): the daemon is down or unreachable
+_ERRNO_DOWN = {2, 32, 104, 110, 111, 112, 113}
+
+
+def _lib_candidates():
+    """Where libkiln.so may be, in order: $KILN_LIB; the build tree
+    ($KILN_BUILD_DIR, else build/ of the checkout this package lives in or
+    of the checkout whose .venv runs us); the install prefix (pkg-config's
+    libdir for kiln, sys.prefix, /usr/local, /usr); the loader's path."""
     cands = []
     if os.environ.get("KILN_LIB"):
         cands.append(os.environ["KILN_LIB"])
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    build = os.environ.get("KILN_BUILD_DIR", os.path.join(root, "build"))
-    cands += [os.path.join(build, "clients", "libkiln.so"), "libkiln.so"]
-    for c in cands:
-        try:
-            return ctypes.CDLL(c)
-        except OSError:
+    roots = [os.path.dirname(os.path.dirname(os.path.dirname(here))),
+             os.path.dirname(sys.prefix)]
+    if os.environ.get("KILN_BUILD_DIR"):
+        cands.append(os.path.join(os.environ["KILN_BUILD_DIR"], "clients", "libkiln.so"))
+    cands += [os.path.join(r, "build", "clients", "libkiln.so") for r in roots]
+    libdirs = []
+    try:
+        r = subprocess.run(["pkg-config", "--variable=libdir", "kiln"], capture_output=True,
+                           text=True, timeout=5)
+        if r.returncode == 0 and r.stdout.strip():
+            libdirs.append(r.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for pre in (sys.prefix, "/usr/local", "/usr"):
+        libdirs += [os.path.join(pre, "lib", "x86_64-linux-gnu"), os.path.join(pre, "lib")]
+    cands += [os.path.join(d, "libkiln.so") for d in libdirs]
+    cands.append("libkiln.so")
+    return cands
+
+
+def _find_lib():
+    tried = []
+    for c in _lib_candidates():
+        if os.path.isabs(c) and not os.path.exists(c):
+            tried.append(c)
             continue
-    raise KilnError("libkiln.so not found (set KILN_LIB or KILN_BUILD_DIR)")
+        try:
+            L = ctypes.CDLL(c)
+            L._kiln_path = c
+            return L
+        except OSError as e:
+            tried.append(f"{c} ({e})")
+    raise KilnError("libkiln.so not found: build kiln (meson) or install it, or set KILN_LIB; "
+                    "looked in " + ", ".join(tried))
+
+
+def kilnd_path():
+    """The kilnd a client auto-starts: $KILND, the one next to the libkiln
+    in use (build tree: ../daemon/kilnd; prefix: ../../bin or ../../sbin),
+    else "kilnd" in $PATH (None: let libkiln decide)."""
+    if os.environ.get("KILND"):
+        return os.environ["KILND"]
+    d = os.path.dirname(os.path.abspath(getattr(lib(), "_kiln_path", "") or "."))
+    for c in (os.path.join(d, "..", "daemon", "kilnd"), os.path.join(d, "..", "..", "bin", "kilnd"),
+              os.path.join(d, "..", "..", "sbin", "kilnd"), os.path.join(d, "..", "bin", "kilnd")):
+        if os.access(c, os.X_OK):
+            return os.path.normpath(c)
+    return shutil.which("kilnd")
 
 
 _lib = None
@@ -83,6 +159,25 @@ def lib():
                                       ctypes.POINTER(RunOpts), ctypes.c_char_p, ctypes.c_size_t]
         L.kiln_module_artifact.argtypes = [ctypes.c_void_p]
         L.kiln_module_artifact.restype = ctypes.c_void_p
+        # the kilnd client (kiln.h section 4)
+        L.kiln_client_opts_init.argtypes = [ctypes.POINTER(ClientOpts)]
+        L.kiln_client_connect.argtypes = [ctypes.POINTER(ClientOpts), ctypes.POINTER(ctypes.c_void_p),
+                                          ctypes.c_char_p, ctypes.c_size_t]
+        L.kiln_client_free.argtypes = [ctypes.c_void_p]
+        L.kiln_client_socket.argtypes = [ctypes.c_void_p]
+        L.kiln_client_socket.restype = ctypes.c_char_p
+        L.kiln_client_compile_bytes.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                                ctypes.POINTER(Result), ctypes.c_char_p,
+                                                ctypes.c_size_t]
+        L.kiln_result_free.argtypes = [ctypes.POINTER(Result)]
+        L.kiln_client_call.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                       ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+                                       ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
+                                       ctypes.c_size_t]
+        L.kiln_err_wire_name.argtypes = [ctypes.c_int]
+        L.kiln_err_wire_name.restype = ctypes.c_char_p
+        _libc.free.argtypes = [ctypes.c_void_p]
         _lib = L
     return _lib
 
@@ -126,7 +221,11 @@ class Module:
         import msgpack
         a = msgpack.unpackb(artifact, raw=False)
         self._steps = a.get("steps", [])
+        self._kernels = a.get("kernels", [])
+        self.signature = a.get("signature") or ""
         self._cb = FALLBACK(self._fallback)
+        self._opts = ctypes.byref(RunOpts(None, self._cb, None))
+        self._tls = threading.local()
         self._error = None
 
     def __del__(self):
@@ -172,73 +271,232 @@ class Module:
             return -1
 
     # -- a call -----------------------------------------------------------
+    # A call fills the libkiln input array, asks for the output buffer
+    # sizes, allocates them as torch tensors, runs, and wraps the outputs
+    # as views. Per thread, the last call's input layout (shape, strides,
+    # dtype of each tensor, value of each int) is remembered with the
+    # output sizes and where each output lives: a call with the same layout
+    # (every step of a training loop) only writes the data pointers,
+    # allocates and runs -- the layout is still compared input by input, so
+    # a tensor that differs takes the full path and libkiln checks it.
     def __call__(self, *args):
-        L = lib()
         if len(args) != self.n_in:
             raise KilnError(f"expected {self.n_in} inputs, got {len(args)}")
-        ins = (IO * max(self.n_in, 1))()
-        keep = []
+        tl = self._tls
+        st = getattr(tl, "st", None)
+        if st is None:
+            st = tl.st = _CallState(self)
+        ins = st.ins
+        lay = st.layout
+        fast = lay is not None
+        if fast:
+            for i, a in enumerate(args):
+                want = lay[i]
+                if type(want) is tuple:
+                    if a.shape != want[0] or a.dtype is not want[2] or a.stride() != want[1]:
+                        fast = False
+                        break
+                    ins[i].t.data = a.data_ptr()
+                elif a != want:
+                    fast = False
+                    break
+        if not fast:
+            self._fill(args, st)
+        bufs = [torch.empty(n, dtype=torch.uint8) for n in st.sizes]
+        ptrs = st.ptrs
+        for k, b in enumerate(bufs):
+            ptrs[k] = b.data_ptr()
+        outs = st.outs
+        self._error = None
+        rc = _lib.kiln_module_run(self._h, ins, self.n_in, ptrs, outs, self._opts, st.err, 1024)
+        if rc != 0:
+            st.layout = None
+            raise KilnError(st.err.value.decode(), code=_lib.kiln_err_wire_name(rc).decode(),
+                            rc=rc) from self._error
+        where = st.where
+        if where is None:
+            where = st.where = self._locate(args, bufs, outs)
+        result = []
+        for w in where:
+            kind = w[0]
+            if kind == 0:    # in out buffer b: (0, b, dtype, sizes, strides, offset)
+                result.append(bufs[w[1]].view(w[2]).as_strided(w[3], w[4], w[5]))
+            elif kind == 1:  # an int
+                result.append(w[1])
+            elif kind == 2:  # a view of input i: (2, i, dtype, sizes, strides, delta)
+                a = args[w[1]]
+                result.append(a.as_strided(w[3], w[4], a.storage_offset() + w[5]))
+            else:            # empty: (3, dtype, sizes)
+                result.append(torch.empty(w[2], dtype=w[1]))
+        for pos in self.none_outputs:
+            result.insert(pos, None)
+        return result
+
+    def _fill(self, args, st):
+        """The full path: every input written, checked by libkiln, the
+        output sizes computed; the layout remembered for the next call."""
+        ins = st.ins
+        lay = []
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 if a.dtype not in _FROM_TORCH:
                     raise KilnError(f"input {i}: dtype {a.dtype} is not supported")
+                if a.device.type != "cpu":
+                    raise KilnError(f"input {i}: a {a.device.type} tensor; kiln runs on the CPU")
                 ins[i].kind = 0
                 t = ins[i].t
                 t.data = a.data_ptr() if a.numel() else 0
                 t.dtype = _CODE[_FROM_TORCH[a.dtype]]
                 t.rank = a.dim()
+                stride = a.stride()
                 for d in range(a.dim()):
                     t.sizes[d] = a.shape[d]
-                    t.strides[d] = a.stride(d)
-                keep.append(a)
+                    t.strides[d] = stride[d]
+                # an empty tensor's data pointer is not written on the fast path
+                lay.append((a.shape, stride, a.dtype) if a.numel() else None)
             else:
                 ins[i].kind = 1
                 ins[i].i = int(a)
-        err = ctypes.create_string_buffer(1024)
+                lay.append(int(a))
+        st.layout = None
+        st.where = None
         sizes = (ctypes.c_size_t * max(self.n_ob, 1))()
-        rc = L.kiln_module_out_sizes(self._h, ins, self.n_in, sizes, err, 1024)
+        rc = _lib.kiln_module_out_sizes(self._h, ins, self.n_in, sizes, st.err, 1024)
         if rc != 0:
-            raise KilnError(err.value.decode())
-        # output buffers as torch tensors (8-byte multiples: viewable as
-        # any dtype); torch's CPU allocator aligns them to 64 bytes
-        bufs = [torch.empty((int(sizes[k]) + 7) // 8 * 8 or 8, dtype=torch.uint8)
-                for k in range(self.n_ob)]
-        ptrs = (ctypes.c_void_p * max(self.n_ob, 1))()
-        for k, b in enumerate(bufs):
-            ptrs[k] = b.data_ptr()
-        outs = (IO * max(self.n_out, 1))()
-        opts = RunOpts(None, self._cb, None)
-        self._error = None
-        rc = L.kiln_module_run(self._h, ins, self.n_in, ptrs, outs, ctypes.byref(opts), err, 1024)
-        if rc != 0:
-            raise KilnError(err.value.decode()) from self._error
-        result = []
+            raise KilnError(st.err.value.decode(), code=_lib.kiln_err_wire_name(rc).decode(),
+                            rc=rc)
+        # 8-byte multiples: viewable as any dtype; torch's CPU allocator
+        # aligns them to 64 bytes
+        st.sizes = [(int(sizes[k]) + 7) // 8 * 8 or 8 for k in range(self.n_ob)]
+        st.layout = None if any(x is None for x in lay) else lay
+
+    def _locate(self, args, bufs, outs):
+        """Where each output lives, relative to its out buffer or input."""
+        where = []
         for k in range(self.n_out):
             o = outs[k]
             if o.kind == 1:
-                result.append(o.i)
+                where.append((1, o.i))
                 continue
             t = o.t
-            sz = list(t.sizes[:t.rank])
-            st = list(t.strides[:t.rank])
+            sz = tuple(t.sizes[:t.rank])
+            st = tuple(t.strides[:t.rank])
             dt = _TORCH[_DTYPES[t.dtype]]
-            result.append(self._wrap(t.data, dt, sz, st, bufs, ptrs, keep))
-        for pos in self.none_outputs:
-            result.insert(pos, None)
-        return result
+            es = dt.itemsize
+            if any(s == 0 for s in sz):
+                where.append((3, dt, sz))
+                continue
+            ptr = t.data
+            for b, buf in enumerate(bufs):
+                base = buf.data_ptr()
+                if base <= ptr < base + buf.numel():
+                    where.append((0, b, dt, sz, st, (ptr - base) // es))
+                    break
+            else:
+                for i, a in enumerate(args):
+                    if not isinstance(a, torch.Tensor) or a.dtype != dt or not a.numel():
+                        continue
+                    sbase = a.untyped_storage().data_ptr()
+                    if sbase <= ptr < sbase + a.untyped_storage().nbytes():
+                        where.append((2, i, dt, sz, st, (ptr - a.data_ptr()) // es))
+                        break
+                else:
+                    raise KilnError("an output points outside every buffer")
+        return where
 
-    @staticmethod
-    def _wrap(ptr, dt, sz, st, bufs, ptrs, inputs):
-        """The output as a view of the torch tensor that holds it."""
-        es = torch.empty((), dtype=dt).element_size()
-        if any(s == 0 for s in sz):
-            return torch.empty(sz, dtype=dt)
-        for b in bufs:
-            base = b.data_ptr()
-            if base <= ptr < base + b.numel():
-                return b.view(dt).as_strided(sz, st, (ptr - base) // es)
-        for a in inputs:
-            sbase = a.untyped_storage().data_ptr()
-            if sbase <= ptr < sbase + a.untyped_storage().nbytes() and a.dtype == dt:
-                return a.as_strided(sz, st, (ptr - sbase) // es)
-        raise KilnError("an output points outside every buffer")
+
+class Client:
+    """A connection to kilnd through libkiln (kiln.h section 4): the
+    protocol, the signature, the in-process artifact cache, reconnects and
+    kilnd's auto-start are libkiln's. Thread-safe (libkiln serializes calls
+    on one handle). ``socket`` None: kilnd's default discovery."""
+
+    def __init__(self, socket=None, timeout_ms=0, connect_timeout_ms=0, autostart=-1):
+        L = lib()
+        o = ClientOpts()
+        L.kiln_client_opts_init(ctypes.byref(o))
+        self._keep = []
+        if socket:
+            o.socket = socket.encode()
+        o.timeout_ms = int(timeout_ms)
+        o.connect_timeout_ms = int(connect_timeout_ms)
+        o.autostart = int(autostart)
+        kp = kilnd_path()
+        if kp:
+            o.kilnd_path = kp.encode()
+        self._keep.append(o)
+        err = ctypes.create_string_buffer(1024)
+        h = ctypes.c_void_p()
+        rc = L.kiln_client_connect(ctypes.byref(o), ctypes.byref(h), err, 1024)
+        if rc != 0:
+            raise _error(rc, err, "connecting to kilnd")
+        self._h = h
+        self.pid = os.getpid()
+        self.socket = L.kiln_client_socket(h).decode()
+
+    def close(self):
+        if getattr(self, "_h", None) and _lib is not None and self.pid == os.getpid():
+            _lib.kiln_client_free(self._h)
+        self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def compile(self, graph_bytes, mode="default", dynamic=None, priority=None):
+        """Graph v1 bytes → (artifact bytes, signature, source, compile_ms).
+        dynamic: None (kilnd's automatic dynamic shapes), False, True."""
+        L = lib()
+        r = Result()
+        err = ctypes.create_string_buffer(1024)
+        dyn = -1 if dynamic is None else int(bool(dynamic))
+        rc = L.kiln_client_compile_bytes(self._h, graph_bytes, len(graph_bytes),
+                                         (mode or "default").encode(), dyn,
+                                         priority.encode() if priority else None,
+                                         ctypes.byref(r), err, 1024)
+        if rc != 0:
+            node = r.err_node if r.err_node >= 0 else None
+            L.kiln_result_free(ctypes.byref(r))
+            raise _error(rc, err, "compile", node)
+        try:
+            art = ctypes.string_at(r.artifact, r.artifact_len)
+            return art, r.signature.decode(), r.source.decode(), r.compile_ms
+        finally:
+            L.kiln_result_free(ctypes.byref(r))
+
+    def call(self, op, **fields):
+        """Any op; returns the reply map (KilnError on an error reply)."""
+        import msgpack
+        L = lib()
+        body = msgpack.packb(fields, use_bin_type=True) if fields else None
+        rep = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        err = ctypes.create_string_buffer(1024)
+        rc = L.kiln_client_call(self._h, OPS[op], body, len(body) if body else 0,
+                                ctypes.byref(rep), ctypes.byref(n), err, 1024)
+        if rc != 0:
+            raise _error(rc, err, op)
+        try:
+            return msgpack.unpackb(ctypes.string_at(rep.value, n.value), raw=False)
+        finally:
+            _libc.free(rep)
+
+
+def _error(rc, err, what, node=None):
+    code = lib().kiln_err_wire_name(rc).decode()
+    if -rc in _ERRNO_DOWN or code == "timeout":
+        code = "unavailable" if code != "timeout" else code
+    msg = err.value.decode(errors="replace") or f"{what} failed ({rc})"
+    return KilnError(msg, code=code, rc=rc, node=node)
+
+
+class _CallState:
+    """One thread's reusable call arrays and layout cache for a Module."""
+
+    def __init__(self, m):
+        self.ins = (IO * max(m.n_in, 1))()
+        self.outs = (IO * max(m.n_out, 1))()
+        self.ptrs = (ctypes.c_void_p * max(m.n_ob, 1))()
+        self.err = ctypes.create_string_buffer(1024)
+        self.layout = None
+        self.sizes = []
+        self.where = None

@@ -261,8 +261,11 @@ class Module:
             if isinstance(res, torch.Tensor):
                 res = [res]
             outs = st.get("out", [])
-            for r, k in zip([r for r in res if r is not None], outs):
-                view(k).copy_(r)
+            # out[i] is the schema's output i; a None result (an output the
+            # op was told not to compute) has an empty placeholder view
+            for r, k in zip(res, outs):
+                if r is not None:
+                    view(k).copy_(r)
             return 0
         except Exception as e:  # reported by the C side as a failed run
             self._error = e

@@ -184,8 +184,7 @@ def test_explain_model_prints_graphs_kernels_and_time(kiln_daemon):
 def test_explain_in_process_sources_and_cache_hits(kiln_daemon):
     import capture_corpus as cc
     import kiln
-    import kiln.explain  # noqa: F401 -- binds kiln.explain to the module: still callable
-    from kiln.explain import HIT_SOURCES, MISS_SOURCES, Report
+    from kiln._explain import HIT_SOURCES, MISS_SOURCES, Report
 
     model, args, train, _ = cc.MODELS["cnn"]()
     assert train

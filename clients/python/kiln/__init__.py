@@ -32,7 +32,7 @@ def explain(model, *args, train=False, **compile_kwargs):
     """Compiles model with kiln, runs it on args (and a backward pass when
     train=True), and returns a report (str() prints it): graphs, kernels,
     fallbacks, cache hits and misses, where the time went."""
-    from .explain import explain as _explain
+    from ._explain import explain as _explain
     return _explain(model, *args, train=train, **compile_kwargs)
 
 

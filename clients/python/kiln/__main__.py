@@ -325,7 +325,7 @@ class _Warm:
     BAR = 16
 
     def __init__(self, out):
-        from .explain import HIT_SOURCES, MISS_SOURCES
+        from ._explain import HIT_SOURCES, MISS_SOURCES
         self.hit, self.miss = HIT_SOURCES, MISS_SOURCES
         self.out = out
         self.t0 = time.monotonic()
@@ -372,7 +372,7 @@ class _Warm:
                 f"{time.monotonic() - self.t0:.1f} s{doing}")
 
     def event(self, what, entry):
-        from .explain import SOURCE_TEXT, fallback_text, graph_info
+        from ._explain import SOURCE_TEXT, fallback_text, graph_info
         if what == "start":
             self.active = entry
             if self.out.tty:
@@ -400,7 +400,7 @@ class _Warm:
 
 
 def summary_lines(graphs, seconds, verb="warm"):
-    from .explain import HIT_SOURCES, MISS_SOURCES, fallback_text, totals_of
+    from ._explain import HIT_SOURCES, MISS_SOURCES, fallback_text, totals_of
     t = totals_of(graphs)
     by = t["by_source"]
     if not graphs:
@@ -426,7 +426,7 @@ def cmd_warm(a):
     _check_script(a.script)
     out = _Stderr()
     from . import backend as kb
-    from .explain import Observer
+    from ._explain import Observer
     from .runtime import KilnError
     socket = os.environ.get("KILN_SOCKET") or None
     try:
@@ -519,7 +519,7 @@ def cmd_explain(a):
     if a.model is not None:
         if a.args:
             raise _Usage(f"explain --model: unexpected arguments {a.args}")
-        from .explain import explain
+        from ._explain import explain
         model, args, train = load_model(a.model)
         if a.train is not None:
             train = a.train
@@ -529,7 +529,7 @@ def cmd_explain(a):
         return 0
     _check_script(a.script)
     out = _Stderr()
-    from .explain import Observer, Report, build_times
+    from ._explain import Observer, Report, build_times
     t0 = time.perf_counter()
     with Observer() as obs:
         with route_torch_compile(lambda m: out.line(f"kiln explain: {m}")):

@@ -177,6 +177,18 @@ class _Fallback(Exception):
         self.code = code
 
 
+def _record(kind, gm, why=None):
+    """A new entry of records() (and the graphs counter), under the lock."""
+    rec = {"kind": kind, "nodes": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+           "source": None, "signature": None, "kernels": [], "fallback_ops": [],
+           "export_ms": 0.0, "compile_ms": 0.0, "rpc_ms": 0.0, "load_ms": 0.0,
+           "why": why}
+    with _state.lock:
+        _state.records.append(rec)
+        _state.counts["graphs"] += 1
+    return rec
+
+
 def _warn(settings, key, msg):
     st = _state
     with st.lock:
@@ -205,19 +217,15 @@ def _boxed(fn):
 def _compile_aten(gm, example_inputs, settings, kind):
     """Exports, compiles through kilnd (or the process cache) and loads one
     AOTAutograd graph. Raises _Fallback when kiln cannot take it."""
-    rec = {"kind": kind, "nodes": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
-           "source": None, "signature": None, "kernels": [], "fallback_ops": [],
-           "export_ms": 0.0, "compile_ms": 0.0, "rpc_ms": 0.0, "load_ms": 0.0,
-           "why": None}
-    _state.records.append(rec)
-    _state.counts["graphs"] += 1
+    rec = _record(kind, gm)
     t0 = time.perf_counter()
     try:
         graph = export_graph(gm, example_inputs)
     except ExportError as e:
         rec["why"] = f"export: {e}"
-        raise _Fallback(f"the {kind} graph cannot be exported to Graph v1: {e}",
-                        "unsupported_op") from e
+        f = _Fallback(f"the {kind} graph cannot be exported to Graph v1: {e}", "unsupported_op")
+        f.record = rec
+        raise f from e
     data = dumps(graph)
     t1 = time.perf_counter()
     rec["export_ms"] = (t1 - t0) * 1e3
@@ -225,8 +233,9 @@ def _compile_aten(gm, example_inputs, settings, kind):
     hit = _state.modules.get(key)
     if hit is not None:
         mod, info = hit
-        rec.update(info, source="process")
-        _state.counts["process"] += 1
+        rec.update(info, source="process", compile_ms=0.0)
+        with _state.lock:
+            _state.counts["process"] += 1
         return mod
     try:
         client = _client(settings.socket)
@@ -238,8 +247,11 @@ def _compile_aten(gm, example_inputs, settings, kind):
             node = ""
             if e.node is not None and 0 <= e.node < len(graph.get("nodes", [])):
                 node = f" (node {e.node}: {graph['nodes'][e.node].get('op')})"
-            raise _Fallback(f"kilnd cannot compile the {kind} graph{node}: {e}", e.code) from e
-        raise _Fallback(f"kilnd is not available ({e.code}): {e}", e.code) from e
+            f = _Fallback(f"kilnd cannot compile the {kind} graph{node}: {e}", e.code)
+        else:
+            f = _Fallback(f"kilnd is not available ({e.code}): {e}", e.code)
+        f.record = rec
+        raise f from e
     t2 = time.perf_counter()
     mod = Module(art, graph.get("none_outputs", []))
     t3 = time.perf_counter()
@@ -249,8 +261,9 @@ def _compile_aten(gm, example_inputs, settings, kind):
     info = {"signature": sig, "kernels": kernels, "fallback_ops": fb,
             "compile_ms": cms, "steps": len(steps)}
     rec.update(info, source=source, rpc_ms=(t2 - t1) * 1e3, load_ms=(t3 - t2) * 1e3)
-    _state.counts[source if source in _state.counts else "compiled"] += 1
-    _state.modules[key] = (mod, info)
+    with _state.lock:
+        _state.counts[source if source in _state.counts else "compiled"] += 1
+        _state.modules[key] = (mod, info)
     return mod
 
 
@@ -264,7 +277,8 @@ def _aten_compiler(settings, kind):
             # a backward graph is compiled at the first backward(), after
             # the forward already runs through kiln: it runs eagerly
             _warn(settings, ("bw", e.code), f"kiln: {e}; this backward graph runs eagerly")
-            _state.records[-1]["source"] = "eager"
+            if getattr(e, "record", None) is not None:
+                e.record["source"] = "eager"
             return _boxed(gm)
         runner = _boxed(mod)
         runner.kiln_module = mod
@@ -305,6 +319,7 @@ def kiln(gm, example_inputs, mode=None, options=None):
                f"until its CUDA backend exists")
         if strict:
             raise KilnError(f"kiln: {why}", code="unsupported_op")
+        _record("dynamo", gm, why)["source"] = settings.fallback
         return _fallback_backend(gm, example_inputs, settings, why, ("device",))
     try:
         _client(settings.socket)
@@ -312,6 +327,7 @@ def kiln(gm, example_inputs, mode=None, options=None):
         why = f"kilnd is not available ({e.code}): {e}"
         if strict:
             raise KilnError(f"kiln: {why}", code=e.code) from e
+        _record("dynamo", gm, why)["source"] = settings.fallback
         return _fallback_backend(gm, example_inputs, settings, why, ("down",))
     from torch._dynamo.backends.common import aot_autograd
     aot = aot_autograd(fw_compiler=_aten_compiler(settings, "forward"),
@@ -329,6 +345,11 @@ def kiln(gm, example_inputs, mode=None, options=None):
             f = _Fallback(f"AOTAutograd failed: {type(e).__name__}: {e}", "internal")
         if strict:
             raise KilnError(f"kiln: {f}", code=f.code) from e
+        rec = getattr(f, "record", None)
+        if rec is not None:
+            rec["source"] = settings.fallback
+        else:
+            _record("dynamo", gm, str(f))["source"] = settings.fallback
         return _fallback_backend(gm, example_inputs, settings, str(f), ("graph", f.code, str(f)))
 
 

@@ -30,7 +30,6 @@ import sys
 import textwrap
 import threading
 import time
-import types
 from collections import Counter
 
 from . import backend as kb
@@ -491,15 +490,3 @@ def explain(model, *args, train=False, steps=5, **compile_kwargs):
         times["step"] = statistics.median(samples)
     return Report(_describe(model, train), graphs, times, obs.graph_breaks, obs.dynamo_graphs,
                   steps=len(samples))
-
-
-class _CallableModule(types.ModuleType):
-    """``import kiln.explain`` binds the package's attribute ``explain`` to
-    this module, over the function kiln/__init__.py defines: calling the
-    module calls explain(), so ``kiln.explain(model, x)`` works either way."""
-
-    def __call__(self, model, *args, **kwargs):
-        return explain(model, *args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

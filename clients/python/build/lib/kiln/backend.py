@@ -1,0 +1,394 @@
+"""kiln's torch.compile backends.
+
+    torch.compile(model, backend="kiln")          # through kilnd (the entry point)
+    kiln.compile(model, **torch_compile_kwargs)   # the same
+    torch.compile(model, backend=kiln.backend.kiln_local)   # in-process kilnc, no daemon
+
+``kiln`` runs through AOTAutograd: the forward and backward ATen graphs (or
+the inference graph) are exported to Graph v1 (kiln.export), compiled by
+kilnd through libkiln (kiln.runtime.Client: the signature, lookup, compile,
+libkiln's in-process artifact cache and kilnd's auto-start are C), and run
+by libkiln (kiln.runtime.Module). A per-process cache maps each graph's
+bytes to its loaded module, so a graph seen again (another model instance,
+a recompile, ``torch._dynamo.reset()``) costs a hash and a dict lookup.
+
+Failure never reaches a training loop unless asked to: a graph kiln cannot
+take (the exporter refuses it, kilnd answers unsupported_op / invalid_graph /
+compile_failed), a daemon that is down, unreachable, busy or timing out, and
+CUDA tensors (kiln's CUDA backend is not built yet) make that graph run
+through the fallback -- Inductor by default, or eager ATen -- with one
+warning (``KilnWarning``) that says why. With ``fullgraph=True`` or
+``KILN_STRICT=1`` the same conditions raise ``KilnError``.
+
+Settings (environment, or ``options={...}`` of torch.compile):
+
+  KILN_STRICT=1        | "strict": True        raise instead of falling back
+  KILN_FALLBACK=eager  | "fallback": "eager"   fallback: "inductor" (default) or "eager"
+  KILN_SOCKET=path     | "socket": path        kilnd's socket (default discovery)
+                       | "priority": "batch"   queue behind interactive compiles
+"""
+import hashlib
+import logging
+import os
+import threading
+import time
+import warnings
+
+from .export import ExportError, dumps, export_graph
+from .runtime import Client, KilnError, Module
+
+__all__ = ["kiln", "kiln_local", "compile_bytes", "compile_graph", "KilnWarning", "records",
+           "stats", "reset"]
+
+log = logging.getLogger("kiln")
+
+MODES = {None: "default", "default": "default", "reduce-overhead": "reduce-overhead",
+         "max-autotune": "max-autotune", "max-autotune-no-cudagraphs": "max-autotune"}
+OPTIONS = {"strict", "fallback", "socket", "priority"}
+# error codes meaning "kiln cannot take this graph" vs "kilnd is not there"
+_GRAPH_CODES = {"unsupported_op", "invalid_graph", "compile_failed", "too_large"}
+
+
+class KilnWarning(UserWarning):
+    """A graph ran without kiln (the message says why and what ran it)."""
+
+
+# ---------------------------------------------------------------------------
+# per-process state
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.clients = {}     # socket (None: default) -> Client, for this pid
+        self.pid = os.getpid()
+        self.modules = {}     # (sha256 of graph bytes, mode, dynamic) -> (Module, info)
+        self.records = []     # one per graph handed to the backend (kiln.explain)
+        self.warned = set()
+        self.down_until = 0.0  # after a failed connect: do not retry before this
+        self.counts = {"graphs": 0, "compiled": 0, "memory": 0, "disk": 0, "remote": 0,
+                       "joined": 0, "local": 0, "process": 0, "fallback": 0}
+
+
+_state = _State()
+
+
+def reset():
+    """Forgets the per-process cache, records and warnings (connections stay)."""
+    with _state.lock:
+        _state.modules.clear()
+        _state.records.clear()
+        _state.warned.clear()
+        _state.down_until = 0.0
+        for k in _state.counts:
+            _state.counts[k] = 0
+
+
+def records():
+    """One dict per graph the backend was given, in order (kiln.explain)."""
+    return list(_state.records)
+
+
+def stats():
+    """Counters of this process: graphs, and where each came from
+    (compiled / memory / disk / joined by kilnd, local: libkiln's cache,
+    process: this module's cache, fallback)."""
+    return dict(_state.counts)
+
+
+def _client(socket):
+    """This process's connection to kilnd for socket (None: the default).
+    A failed connect is remembered for 5 s so a model with many graphs
+    falls back at once instead of waiting on each."""
+    st = _state
+    with st.lock:
+        if st.pid != os.getpid():  # forked: the parent's sockets are not ours
+            st.clients = {}
+            st.pid = os.getpid()
+        c = st.clients.get(socket)
+        if c is not None:
+            return c
+        if time.monotonic() < st.down_until:
+            raise KilnError("kilnd was unreachable moments ago", code="unavailable")
+        try:
+            c = Client(socket)
+        except KilnError as e:
+            st.down_until = time.monotonic() + 5.0
+            if e.code == "internal":
+                e.code = "unavailable"
+            raise
+        st.clients[socket] = c
+        return c
+
+
+def _setting(options, key, env, default=None):
+    if options and key in options:
+        return options[key]
+    v = os.environ.get(env)
+    return v if v not in (None, "") else default
+
+
+def _fullgraph():
+    """True when the frame being compiled was asked for fullgraph=True."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        return bool(getattr(InstructionTranslator.current_tx(), "one_graph", False))
+    except Exception:
+        return False
+
+
+def _dynamic_flag():
+    """torch.compile's dynamic= as Dynamo's config shows it while compiling:
+    False -> 0 (kilnd never generalizes), True -> 1, None -> automatic."""
+    import torch._dynamo.config as dc
+    if not dc.assume_static_by_default:
+        return True
+    if not dc.automatic_dynamic_shapes:
+        return False
+    return None
+
+
+class _Settings:
+    def __init__(self, mode, options):
+        if mode not in MODES:
+            raise ValueError(f"kiln: unknown mode {mode!r}: want one of "
+                             + ", ".join(repr(m) for m in MODES if m))
+        options = dict(options or {})
+        bad = set(options) - OPTIONS
+        if bad:
+            raise ValueError(f"kiln: unknown options {sorted(bad)}: want {sorted(OPTIONS)}")
+        self.mode = MODES[mode]
+        self.torch_mode = mode
+        strict = _setting(options, "strict", "KILN_STRICT", False)
+        self.strict = strict not in (False, 0, "0", "", "false", "no")
+        self.fallback = _setting(options, "fallback", "KILN_FALLBACK", "inductor")
+        if self.fallback not in ("inductor", "eager"):
+            raise ValueError(f"kiln: fallback {self.fallback!r}: want 'inductor' or 'eager'")
+        self.socket = _setting(options, "socket", "KILN_SOCKET", None)
+        self.priority = _setting(options, "priority", "KILN_PRIORITY", None)
+        self.dynamic = None
+
+
+class _Fallback(Exception):
+    """This graph cannot go through kiln; the message says why."""
+
+    def __init__(self, why, code):
+        super().__init__(why)
+        self.code = code
+
+
+def _record(kind, gm, why=None):
+    """A new entry of records() (and the graphs counter), under the lock."""
+    rec = {"kind": kind, "nodes": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+           "source": None, "signature": None, "kernels": [], "fallback_ops": [],
+           "export_ms": 0.0, "compile_ms": 0.0, "rpc_ms": 0.0, "load_ms": 0.0,
+           "why": why}
+    with _state.lock:
+        _state.records.append(rec)
+        _state.counts["graphs"] += 1
+    return rec
+
+
+def _warn(settings, key, msg):
+    st = _state
+    with st.lock:
+        st.counts["fallback"] += 1
+        first = key not in st.warned
+        st.warned.add(key)
+    if first:
+        warnings.warn(msg, KilnWarning, stacklevel=3)
+    log.warning("%s", msg)
+
+
+# ---------------------------------------------------------------------------
+# one ATen graph -> a runner
+
+
+def _boxed(fn):
+    def run(args):
+        outs = fn(*args)
+        args.clear()  # boxed convention: the callee owns the argument list
+        return outs
+
+    run._boxed_call = True
+    return run
+
+
+def _compile_aten(gm, example_inputs, settings, kind):
+    """Exports, compiles through kilnd (or the process cache) and loads one
+    AOTAutograd graph. Raises _Fallback when kiln cannot take it."""
+    rec = _record(kind, gm)
+    t0 = time.perf_counter()
+    try:
+        graph = export_graph(gm, example_inputs)
+    except ExportError as e:
+        rec["why"] = f"export: {e}"
+        f = _Fallback(f"the {kind} graph cannot be exported to Graph v1: {e}", "unsupported_op")
+        f.record = rec
+        raise f from e
+    data = dumps(graph)
+    t1 = time.perf_counter()
+    rec["export_ms"] = (t1 - t0) * 1e3
+    key = (hashlib.sha256(data).digest(), settings.mode, settings.dynamic)
+    hit = _state.modules.get(key)
+    if hit is not None:
+        mod, info = hit
+        rec.update(info, source="process", compile_ms=0.0)
+        with _state.lock:
+            _state.counts["process"] += 1
+        return mod
+    try:
+        client = _client(settings.socket)
+        art, sig, source, cms = client.compile(data, settings.mode, settings.dynamic,
+                                               settings.priority)
+    except KilnError as e:
+        rec["why"] = f"{e.code}: {e}"
+        if e.code in _GRAPH_CODES:
+            node = ""
+            if e.node is not None and 0 <= e.node < len(graph.get("nodes", [])):
+                node = f" (node {e.node}: {graph['nodes'][e.node].get('op')})"
+            f = _Fallback(f"kilnd cannot compile the {kind} graph{node}: {e}", e.code)
+        else:
+            f = _Fallback(f"kilnd is not available ({e.code}): {e}", e.code)
+        f.record = rec
+        raise f from e
+    t2 = time.perf_counter()
+    mod = Module(art, graph.get("none_outputs", []))
+    t3 = time.perf_counter()
+    steps = mod._steps
+    kernels = [k.get("name") for k in mod._kernels]
+    fb = [s.get("op") for s in steps if s.get("kind") == "fallback"]
+    info = {"signature": sig, "kernels": kernels, "fallback_ops": fb,
+            "compile_ms": cms, "steps": len(steps)}
+    rec.update(info, source=source, rpc_ms=(t2 - t1) * 1e3, load_ms=(t3 - t2) * 1e3)
+    with _state.lock:
+        _state.counts[source if source in _state.counts else "compiled"] += 1
+        _state.modules[key] = (mod, info)
+    return mod
+
+
+def _aten_compiler(settings, kind):
+    def compiler(gm, example_inputs):
+        try:
+            mod = _compile_aten(gm, example_inputs, settings, kind)
+        except _Fallback as e:
+            if settings.strict or kind == "forward" or kind == "inference":
+                raise
+            # a backward graph is compiled at the first backward(), after
+            # the forward already runs through kiln: it runs eagerly
+            _warn(settings, ("bw", e.code), f"kiln: {e}; this backward graph runs eagerly")
+            if getattr(e, "record", None) is not None:
+                e.record["source"] = "eager"
+            return _boxed(gm)
+        runner = _boxed(mod)
+        runner.kiln_module = mod
+        return runner
+
+    return compiler
+
+
+# ---------------------------------------------------------------------------
+# the Dynamo backends
+
+
+def _fallback_backend(gm, example_inputs, settings, why, key):
+    if settings.fallback == "inductor":
+        _warn(settings, key, f"kiln: {why}; this graph runs through Inductor")
+        from torch._inductor.compile_fx import compile_fx
+        cfg = {} if settings.torch_mode in (None, "default") else {"mode": settings.torch_mode}
+        if cfg:
+            from torch._inductor import list_mode_options
+            return compile_fx(gm, example_inputs, config_patches=list_mode_options(
+                settings.torch_mode))
+        return compile_fx(gm, example_inputs)
+    _warn(settings, key, f"kiln: {why}; this graph runs eagerly")
+    return gm.forward
+
+
+def kiln(gm, example_inputs, mode=None, options=None):
+    """The Dynamo backend registered as "kiln" (entry point
+    torch_dynamo_backends). mode and options come from torch.compile."""
+    import torch
+    settings = _Settings(mode, options)
+    settings.dynamic = _dynamic_flag()
+    strict = settings.strict or _fullgraph()
+    settings.strict = strict
+    devs = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
+    if devs - {"cpu"}:
+        why = (f"{'/'.join(sorted(devs - {'cpu'}))} tensors: kiln compiles for the CPU only "
+               f"until its CUDA backend exists")
+        if strict:
+            raise KilnError(f"kiln: {why}", code="unsupported_op")
+        _record("dynamo", gm, why)["source"] = settings.fallback
+        return _fallback_backend(gm, example_inputs, settings, why, ("device",))
+    try:
+        _client(settings.socket)
+    except KilnError as e:
+        why = f"kilnd is not available ({e.code}): {e}"
+        if strict:
+            raise KilnError(f"kiln: {why}", code=e.code) from e
+        _record("dynamo", gm, why)["source"] = settings.fallback
+        return _fallback_backend(gm, example_inputs, settings, why, ("down",))
+    from torch._dynamo.backends.common import aot_autograd
+    aot = aot_autograd(fw_compiler=_aten_compiler(settings, "forward"),
+                       bw_compiler=_aten_compiler(settings, "backward"),
+                       inference_compiler=_aten_compiler(settings, "inference"))
+    try:
+        return aot(gm, example_inputs)
+    except Exception as e:
+        f = e
+        while f is not None and not isinstance(f, _Fallback):
+            f = f.__cause__ or f.__context__
+        if f is None:
+            if strict:
+                raise
+            f = _Fallback(f"AOTAutograd failed: {type(e).__name__}: {e}", "internal")
+        if strict:
+            raise KilnError(f"kiln: {f}", code=f.code) from e
+        rec = getattr(f, "record", None)
+        if rec is not None:
+            rec["source"] = settings.fallback
+        else:
+            _record("dynamo", gm, str(f))["source"] = settings.fallback
+        return _fallback_backend(gm, example_inputs, settings, str(f), ("graph", f.code, str(f)))
+
+
+kiln.compiler_name = "kiln"
+
+
+# ---------------------------------------------------------------------------
+# in-process: kilnc, no daemon (tests, debugging)
+
+
+def _kilnc():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    build = os.environ.get("KILN_BUILD_DIR", os.path.join(root, "build"))
+    return os.environ.get("KILNC", os.path.join(build, "compiler", "kilnc"))
+
+
+def compile_bytes(graph_bytes: bytes) -> bytes:
+    """Graph v1 bytes → artifact bytes, with kilnc."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "a.kiln")
+        r = subprocess.run([_kilnc(), "-", "--emit=artifact", "-o", out], input=graph_bytes,
+                           capture_output=True)
+        if r.returncode != 0:
+            raise KilnError(r.stderr.decode(errors="replace").strip())
+        with open(out, "rb") as f:
+            return f.read()
+
+
+def compile_graph(gm, example_inputs):
+    graph = export_graph(gm, example_inputs)
+    mod = Module(compile_bytes(dumps(graph)), graph.get("none_outputs", []))
+    runner = _boxed(mod)
+    runner.kiln_module = mod
+    return runner
+
+
+def kiln_local(gm, example_inputs):
+    from torch._dynamo.backends.common import aot_autograd
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)(gm, example_inputs)

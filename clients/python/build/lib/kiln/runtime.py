@@ -1,0 +1,505 @@
+"""Run kiln artifacts on torch tensors, through libkiln (ctypes).
+
+The protocol and the artifact runtime are implemented once, in C
+(clients/libkiln); this module only marshals torch tensors in and out:
+inputs by data_ptr, output buffers allocated as torch tensors, outputs
+returned as views of them (or of inputs, when the graph returns a view of an
+input), and fallback steps executed through ``torch.ops.aten``.
+
+    from kiln.runtime import Module
+    m = Module(artifact_bytes)
+    outs = m(*args)            # args: torch tensors and ints, in graph order
+"""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import torch
+
+_DTYPES = ["f32", "f64", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "bool"]
+_TORCH = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
+          "bf16": torch.bfloat16, "i8": torch.int8, "i16": torch.int16,
+          "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8, "bool": torch.bool}
+_CODE = {v: i for i, v in enumerate(_DTYPES)}
+_FROM_TORCH = {v: k for k, v in _TORCH.items()}
+MAX_RANK = 16
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_uint32),
+                ("sizes", ctypes.c_int64 * MAX_RANK), ("strides", ctypes.c_int64 * MAX_RANK)]
+
+
+class IO(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("i", ctypes.c_int64), ("t", Tensor)]
+
+
+FALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                            ctypes.POINTER(Tensor), ctypes.c_void_p, ctypes.c_size_t)
+
+
+class RunOpts(ctypes.Structure):
+    _fields_ = [("pool", ctypes.c_void_p), ("fallback", FALLBACK), ("user", ctypes.c_void_p)]
+
+
+class KilnError(RuntimeError):
+    """A libkiln call failed. ``code`` is the envelope's error-code name
+    ("busy", "unsupported_op", "invalid_graph", ...; "internal" for a
+    system error), ``rc`` libkiln's return code (0 when not from libkiln)."""
+
+    def __init__(self, message, code="internal", rc=0, node=None):
+        super().__init__(message)
+        self.code = code
+        self.rc = rc
+        self.node = node
+
+
+class ClientOpts(ctypes.Structure):
+    _fields_ = [("socket", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
+                ("connect_timeout_ms", ctypes.c_int), ("autostart", ctypes.c_int),
+                ("kilnd_path", ctypes.c_char_p), ("autostart_idle_s", ctypes.c_uint32),
+                ("cache_bytes", ctypes.c_size_t), ("cache_disable", ctypes.c_bool)]
+
+
+class Result(ctypes.Structure):
+    _fields_ = [("artifact", ctypes.c_void_p), ("artifact_len", ctypes.c_size_t),
+                ("signature", ctypes.c_char * 65), ("source", ctypes.c_char * 16),
+                ("compile_ms", ctypes.c_double), ("err_node", ctypes.c_int64)]
+
+
+_libc = ctypes.CDLL(None)
+# protocol.h's kiln_op_t, in PROTOCOL.md's order
+OPS = {"hello": 0, "compile": 1, "lookup": 2, "status": 3, "list": 4, "evict": 5, "gc": 6,
+       "shutdown": 7}
+# transport failures (-errno, KILN_ETIMEOUT): the daemon is down or unreachable
+_ERRNO_DOWN = {2, 32, 104, 110, 111, 112, 113}
+
+
+def _lib_candidates():
+    """Where libkiln.so may be, in order: $KILN_LIB; the build tree
+    ($KILN_BUILD_DIR, else build/ of the checkout this package lives in or
+    of the checkout whose .venv runs us); the install prefix (pkg-config's
+    libdir for kiln, sys.prefix, /usr/local, /usr); the loader's path."""
+    cands = []
+    if os.environ.get("KILN_LIB"):
+        cands.append(os.environ["KILN_LIB"])
+    here = os.path.dirname(os.path.abspath(__file__))
+    roots = [os.path.dirname(os.path.dirname(os.path.dirname(here))),
+             os.path.dirname(sys.prefix)]
+    if os.environ.get("KILN_BUILD_DIR"):
+        cands.append(os.path.join(os.environ["KILN_BUILD_DIR"], "clients", "libkiln.so"))
+    cands += [os.path.join(r, "build", "clients", "libkiln.so") for r in roots]
+    libdirs = []
+    try:
+        r = subprocess.run(["pkg-config", "--variable=libdir", "kiln"], capture_output=True,
+                           text=True, timeout=5)
+        if r.returncode == 0 and r.stdout.strip():
+            libdirs.append(r.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for pre in (sys.prefix, "/usr/local", "/usr"):
+        libdirs += [os.path.join(pre, "lib", "x86_64-linux-gnu"), os.path.join(pre, "lib")]
+    cands += [os.path.join(d, "libkiln.so") for d in libdirs]
+    cands.append("libkiln.so")
+    return cands
+
+
+def _find_lib():
+    tried = []
+    for c in _lib_candidates():
+        if os.path.isabs(c) and not os.path.exists(c):
+            tried.append(c)
+            continue
+        try:
+            L = ctypes.CDLL(c)
+            L._kiln_path = c
+            return L
+        except OSError as e:
+            tried.append(f"{c} ({e})")
+    raise KilnError("libkiln.so not found: build kiln (meson) or install it, or set KILN_LIB; "
+                    "looked in " + ", ".join(tried))
+
+
+def kilnd_path():
+    """The kilnd a client auto-starts: $KILND, the one next to the libkiln
+    in use (build tree: ../daemon/kilnd; prefix: ../../bin or ../../sbin),
+    else "kilnd" in $PATH (None: let libkiln decide)."""
+    if os.environ.get("KILND"):
+        return os.environ["KILND"]
+    d = os.path.dirname(os.path.abspath(getattr(lib(), "_kiln_path", "") or "."))
+    for c in (os.path.join(d, "..", "daemon", "kilnd"), os.path.join(d, "..", "..", "bin", "kilnd"),
+              os.path.join(d, "..", "..", "sbin", "kilnd"), os.path.join(d, "..", "bin", "kilnd")):
+        if os.access(c, os.X_OK):
+            return os.path.normpath(c)
+    return shutil.which("kilnd")
+
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        L = _find_lib()
+        L.kiln_module_load.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,
+                                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                       ctypes.c_size_t]
+        L.kiln_module_free.argtypes = [ctypes.c_void_p]
+        for f in ("kiln_module_n_inputs", "kiln_module_n_outputs", "kiln_module_n_out_buffers"):
+            getattr(L, f).argtypes = [ctypes.c_void_p]
+            getattr(L, f).restype = ctypes.c_uint32
+        L.kiln_module_out_sizes.argtypes = [ctypes.c_void_p, ctypes.POINTER(IO), ctypes.c_uint32,
+                                            ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
+                                            ctypes.c_size_t]
+        L.kiln_module_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(IO), ctypes.c_uint32,
+                                      ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(IO),
+                                      ctypes.POINTER(RunOpts), ctypes.c_char_p, ctypes.c_size_t]
+        L.kiln_module_artifact.argtypes = [ctypes.c_void_p]
+        L.kiln_module_artifact.restype = ctypes.c_void_p
+        # the kilnd client (kiln.h section 4)
+        L.kiln_client_opts_init.argtypes = [ctypes.POINTER(ClientOpts)]
+        L.kiln_client_connect.argtypes = [ctypes.POINTER(ClientOpts), ctypes.POINTER(ctypes.c_void_p),
+                                          ctypes.c_char_p, ctypes.c_size_t]
+        L.kiln_client_free.argtypes = [ctypes.c_void_p]
+        L.kiln_client_socket.argtypes = [ctypes.c_void_p]
+        L.kiln_client_socket.restype = ctypes.c_char_p
+        L.kiln_client_compile_bytes.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                                ctypes.POINTER(Result), ctypes.c_char_p,
+                                                ctypes.c_size_t]
+        L.kiln_result_free.argtypes = [ctypes.POINTER(Result)]
+        L.kiln_client_call.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                       ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+                                       ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
+                                       ctypes.c_size_t]
+        L.kiln_err_wire_name.argtypes = [ctypes.c_int]
+        L.kiln_err_wire_name.restype = ctypes.c_char_p
+        _libc.free.argtypes = [ctypes.c_void_p]
+        _lib = L
+    return _lib
+
+
+def _tensor_from(ptr, dtype_code, sizes, strides):
+    """A torch tensor over raw memory (no copy): runtime-owned scratch."""
+    dt = _TORCH[_DTYPES[dtype_code]]
+    esize = torch.empty((), dtype=dt).element_size()
+    span = 1
+    for s, st in zip(sizes, strides):
+        if s == 0:
+            span = 0
+            break
+        span += (s - 1) * st
+    nbytes = max(span, 0) * esize
+    if nbytes == 0:
+        return torch.empty(sizes, dtype=dt)
+    buf = (ctypes.c_char * nbytes).from_address(ptr)
+    flat = torch.frombuffer(buf, dtype=torch.uint8).view(dt)
+    return flat.as_strided(sizes, strides)
+
+
+class Module:
+    """A loaded artifact. Call it with the graph's inputs (tensors, ints).
+
+    fallback steps run through torch.ops.aten. Thread-safe like libkiln's
+    kiln_module_run (each call allocates its own outputs)."""
+
+    def __init__(self, artifact: bytes, none_outputs=()):
+        L = lib()
+        err = ctypes.create_string_buffer(1024)
+        h = ctypes.c_void_p()
+        rc = L.kiln_module_load(artifact, len(artifact), None, ctypes.byref(h), err, 1024)
+        if rc != 0:
+            raise KilnError(f"loading the artifact: {err.value.decode()}")
+        self._h = h
+        self.n_in = L.kiln_module_n_inputs(h)
+        self.n_out = L.kiln_module_n_outputs(h)
+        self.n_ob = L.kiln_module_n_out_buffers(h)
+        self.none_outputs = sorted(none_outputs)
+        import msgpack
+        a = msgpack.unpackb(artifact, raw=False)
+        self._steps = a.get("steps", [])
+        self._kernels = a.get("kernels", [])
+        self.signature = a.get("signature") or ""
+        self._cb = FALLBACK(self._fallback)
+        self._opts = ctypes.byref(RunOpts(None, self._cb, None))
+        self._tls = threading.local()
+        self._error = None
+
+    def __del__(self):
+        if getattr(self, "_h", None) and _lib is not None:
+            _lib.kiln_module_free(self._h)
+            self._h = None
+
+    # -- fallback steps through torch -------------------------------------
+    def _fallback(self, user, art, step, views, err, errlen):
+        try:
+            st = self._steps[step]
+            op = st["op"].split(".")
+            fn = getattr(getattr(torch.ops, op[0]), op[1])
+            fn = getattr(fn, op[2] if len(op) > 2 else "default")
+
+            def view(k):
+                t = views[k]
+                return _tensor_from(t.data, t.dtype, list(t.sizes[:t.rank]),
+                                    list(t.strides[:t.rank]))
+
+            def conv(a):
+                if isinstance(a, dict) and "ref" in a:
+                    return view(a["ref"])
+                if isinstance(a, list):
+                    return [conv(x) for x in a]
+                if isinstance(a, str) and a in _TORCH:
+                    return _TORCH[a]
+                return a
+            args = [conv(x) for x in st.get("args", [])]
+            kwargs = {k: conv(v) for k, v in st.get("kwargs", {}).items()}
+            kwargs.pop("device", None)
+            res = fn(*args, **kwargs)
+            if isinstance(res, torch.Tensor):
+                res = [res]
+            outs = st.get("out", [])
+            # out[i] is the schema's output i; a None result (an output the
+            # op was told not to compute) has an empty placeholder view
+            for r, k in zip(res, outs):
+                if r is not None:
+                    view(k).copy_(r)
+            return 0
+        except Exception as e:  # reported by the C side as a failed run
+            self._error = e
+            msg = f"fallback {self._steps[step].get('op')}: {e}".encode()[: errlen - 1]
+            ctypes.memmove(err, msg + b"\0", len(msg) + 1)
+            return -1
+
+    # -- a call -----------------------------------------------------------
+    # A call fills the libkiln input array, asks for the output buffer
+    # sizes, allocates them as torch tensors, runs, and wraps the outputs
+    # as views. Per thread, the last call's input layout (shape, strides,
+    # dtype of each tensor, value of each int) is remembered with the
+    # output sizes and where each output lives: a call with the same layout
+    # (every step of a training loop) only writes the data pointers,
+    # allocates and runs -- the layout is still compared input by input, so
+    # a tensor that differs takes the full path and libkiln checks it.
+    def __call__(self, *args):
+        if len(args) != self.n_in:
+            raise KilnError(f"expected {self.n_in} inputs, got {len(args)}")
+        tl = self._tls
+        st = getattr(tl, "st", None)
+        if st is None:
+            st = tl.st = _CallState(self)
+        ins = st.ins
+        lay = st.layout
+        fast = lay is not None
+        if fast:
+            for i, a in enumerate(args):
+                want = lay[i]
+                if type(want) is tuple:
+                    if a.shape != want[0] or a.dtype is not want[2] or a.stride() != want[1]:
+                        fast = False
+                        break
+                    ins[i].t.data = a.data_ptr()
+                elif a != want:
+                    fast = False
+                    break
+        if not fast:
+            self._fill(args, st)
+        bufs = [torch.empty(n, dtype=torch.uint8) for n in st.sizes]
+        ptrs = st.ptrs
+        for k, b in enumerate(bufs):
+            ptrs[k] = b.data_ptr()
+        outs = st.outs
+        self._error = None
+        rc = _lib.kiln_module_run(self._h, ins, self.n_in, ptrs, outs, self._opts, st.err, 1024)
+        if rc != 0:
+            st.layout = None
+            raise KilnError(st.err.value.decode(), code=_lib.kiln_err_wire_name(rc).decode(),
+                            rc=rc) from self._error
+        where = st.where
+        if where is None:
+            where = st.where = self._locate(args, bufs, outs)
+        result = []
+        for w in where:
+            kind = w[0]
+            if kind == 0:    # in out buffer b: (0, b, dtype, sizes, strides, offset)
+                result.append(bufs[w[1]].view(w[2]).as_strided(w[3], w[4], w[5]))
+            elif kind == 1:  # an int
+                result.append(w[1])
+            elif kind == 2:  # a view of input i: (2, i, dtype, sizes, strides, delta)
+                a = args[w[1]]
+                result.append(a.as_strided(w[3], w[4], a.storage_offset() + w[5]))
+            else:            # empty: (3, dtype, sizes)
+                result.append(torch.empty(w[2], dtype=w[1]))
+        for pos in self.none_outputs:
+            result.insert(pos, None)
+        return result
+
+    def _fill(self, args, st):
+        """The full path: every input written, checked by libkiln, the
+        output sizes computed; the layout remembered for the next call."""
+        ins = st.ins
+        lay = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.dtype not in _FROM_TORCH:
+                    raise KilnError(f"input {i}: dtype {a.dtype} is not supported")
+                if a.device.type != "cpu":
+                    raise KilnError(f"input {i}: a {a.device.type} tensor; kiln runs on the CPU")
+                ins[i].kind = 0
+                t = ins[i].t
+                t.data = a.data_ptr() if a.numel() else 0
+                t.dtype = _CODE[_FROM_TORCH[a.dtype]]
+                t.rank = a.dim()
+                stride = a.stride()
+                for d in range(a.dim()):
+                    t.sizes[d] = a.shape[d]
+                    t.strides[d] = stride[d]
+                # an empty tensor's data pointer is not written on the fast path
+                lay.append((a.shape, stride, a.dtype) if a.numel() else None)
+            else:
+                ins[i].kind = 1
+                ins[i].i = int(a)
+                lay.append(int(a))
+        st.layout = None
+        st.where = None
+        sizes = (ctypes.c_size_t * max(self.n_ob, 1))()
+        rc = _lib.kiln_module_out_sizes(self._h, ins, self.n_in, sizes, st.err, 1024)
+        if rc != 0:
+            raise KilnError(st.err.value.decode(), code=_lib.kiln_err_wire_name(rc).decode(),
+                            rc=rc)
+        # 8-byte multiples: viewable as any dtype; torch's CPU allocator
+        # aligns them to 64 bytes
+        st.sizes = [(int(sizes[k]) + 7) // 8 * 8 or 8 for k in range(self.n_ob)]
+        st.layout = None if any(x is None for x in lay) else lay
+
+    def _locate(self, args, bufs, outs):
+        """Where each output lives, relative to its out buffer or input."""
+        where = []
+        for k in range(self.n_out):
+            o = outs[k]
+            if o.kind == 1:
+                where.append((1, o.i))
+                continue
+            t = o.t
+            sz = tuple(t.sizes[:t.rank])
+            st = tuple(t.strides[:t.rank])
+            dt = _TORCH[_DTYPES[t.dtype]]
+            es = dt.itemsize
+            if any(s == 0 for s in sz):
+                where.append((3, dt, sz))
+                continue
+            ptr = t.data
+            for b, buf in enumerate(bufs):
+                base = buf.data_ptr()
+                if base <= ptr < base + buf.numel():
+                    where.append((0, b, dt, sz, st, (ptr - base) // es))
+                    break
+            else:
+                for i, a in enumerate(args):
+                    if not isinstance(a, torch.Tensor) or a.dtype != dt or not a.numel():
+                        continue
+                    sbase = a.untyped_storage().data_ptr()
+                    if sbase <= ptr < sbase + a.untyped_storage().nbytes():
+                        where.append((2, i, dt, sz, st, (ptr - a.data_ptr()) // es))
+                        break
+                else:
+                    raise KilnError("an output points outside every buffer")
+        return where
+
+
+class Client:
+    """A connection to kilnd through libkiln (kiln.h section 4): the
+    protocol, the signature, the in-process artifact cache, reconnects and
+    kilnd's auto-start are libkiln's. Thread-safe (libkiln serializes calls
+    on one handle). ``socket`` None: kilnd's default discovery."""
+
+    def __init__(self, socket=None, timeout_ms=0, connect_timeout_ms=0, autostart=-1):
+        L = lib()
+        o = ClientOpts()
+        L.kiln_client_opts_init(ctypes.byref(o))
+        self._keep = []
+        if socket:
+            o.socket = socket.encode()
+        o.timeout_ms = int(timeout_ms)
+        o.connect_timeout_ms = int(connect_timeout_ms)
+        o.autostart = int(autostart)
+        kp = kilnd_path()
+        if kp:
+            o.kilnd_path = kp.encode()
+        self._keep.append(o)
+        err = ctypes.create_string_buffer(1024)
+        h = ctypes.c_void_p()
+        rc = L.kiln_client_connect(ctypes.byref(o), ctypes.byref(h), err, 1024)
+        if rc != 0:
+            raise _error(rc, err, "connecting to kilnd")
+        self._h = h
+        self.pid = os.getpid()
+        self.socket = L.kiln_client_socket(h).decode()
+
+    def close(self):
+        if getattr(self, "_h", None) and _lib is not None and self.pid == os.getpid():
+            _lib.kiln_client_free(self._h)
+        self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def compile(self, graph_bytes, mode="default", dynamic=None, priority=None):
+        """Graph v1 bytes → (artifact bytes, signature, source, compile_ms).
+        dynamic: None (kilnd's automatic dynamic shapes), False, True."""
+        L = lib()
+        r = Result()
+        err = ctypes.create_string_buffer(1024)
+        dyn = -1 if dynamic is None else int(bool(dynamic))
+        rc = L.kiln_client_compile_bytes(self._h, graph_bytes, len(graph_bytes),
+                                         (mode or "default").encode(), dyn,
+                                         priority.encode() if priority else None,
+                                         ctypes.byref(r), err, 1024)
+        if rc != 0:
+            node = r.err_node if r.err_node >= 0 else None
+            L.kiln_result_free(ctypes.byref(r))
+            raise _error(rc, err, "compile", node)
+        try:
+            art = ctypes.string_at(r.artifact, r.artifact_len)
+            return art, r.signature.decode(), r.source.decode(), r.compile_ms
+        finally:
+            L.kiln_result_free(ctypes.byref(r))
+
+    def call(self, op, **fields):
+        """Any op; returns the reply map (KilnError on an error reply)."""
+        import msgpack
+        L = lib()
+        body = msgpack.packb(fields, use_bin_type=True) if fields else None
+        rep = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        err = ctypes.create_string_buffer(1024)
+        rc = L.kiln_client_call(self._h, OPS[op], body, len(body) if body else 0,
+                                ctypes.byref(rep), ctypes.byref(n), err, 1024)
+        if rc != 0:
+            raise _error(rc, err, op)
+        try:
+            return msgpack.unpackb(ctypes.string_at(rep.value, n.value), raw=False)
+        finally:
+            _libc.free(rep)
+
+
+def _error(rc, err, what, node=None):
+    code = lib().kiln_err_wire_name(rc).decode()
+    if -rc in _ERRNO_DOWN or code == "timeout":
+        code = "unavailable" if code != "timeout" else code
+    msg = err.value.decode(errors="replace") or f"{what} failed ({rc})"
+    return KilnError(msg, code=code, rc=rc, node=node)
+
+
+class _CallState:
+    """One thread's reusable call arrays and layout cache for a Module."""
+
+    def __init__(self, m):
+        self.ins = (IO * max(m.n_in, 1))()
+        self.outs = (IO * max(m.n_out, 1))()
+        self.ptrs = (ctypes.c_void_p * max(m.n_ob, 1))()
+        self.err = ctypes.create_string_buffer(1024)
+        self.layout = None
+        self.sizes = []
+        self.where = None

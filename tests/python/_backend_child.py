@@ -1,0 +1,53 @@
+"""A fresh process for test_backend_daemon.py: compiles a model with
+backend="kiln" (KILN_SOCKET names the daemon), trains 2 steps, prints one
+JSON line: the source and signature of each graph, and the losses.
+
+    python _backend_child.py train mlp|gpt2
+"""
+import json
+import os
+import sys
+import warnings
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "clients", "python"))
+sys.path.insert(0, HERE)
+
+import kiln.backend as kb  # noqa: E402
+
+
+def model(name):
+    if name == "mlp":
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.LayerNorm(64), torch.nn.Linear(64, 16))
+        g = torch.Generator().manual_seed(1)
+        return m, (torch.rand(8, 32, generator=g),)
+    import test_backend
+    return test_backend.MODELS[name]()
+
+
+def main():
+    _, what, name = sys.argv
+    torch.set_num_threads(1)
+    warnings.simplefilter("error", kb.KilnWarning)
+    m, args = model(name)
+    cm = torch.compile(m, backend="kiln")
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        out = cm(*args)
+        loss = out if out.dim() == 0 else out.pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    recs = kb.records()
+    print(json.dumps({"sources": [r["source"] for r in recs],
+                      "signatures": [r["signature"] for r in recs], "losses": losses}))
+
+
+if __name__ == "__main__":
+    main()

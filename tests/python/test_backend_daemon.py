@@ -1,0 +1,266 @@
+"""backend="kiln" and kilnd: the cache across processes, concurrent processes,
+dynamic shapes, a daemon that is down or restarted, strict mode, the
+package's entry point.
+
+Each test starts its own kilnd (tests/python/conftest.py `daemons`) on a
+fresh store, so the daemon's counters are the test's own. Child processes
+run tests/python/_backend_child.py.
+"""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CHILD = os.path.join(HERE, "_backend_child.py")
+PY = sys.executable
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16))
+
+
+def _child(*args, env=None, timeout=300):
+    e = dict(os.environ)
+    e.update(env or {})
+    e["HF_HUB_OFFLINE"] = "1"
+    r = subprocess.run([PY, CHILD, *args], capture_output=True, text=True, env=e,
+                       timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _compiled(d):
+    return d.stats()["compiled"]
+
+
+def _train_steps(m, model, x, n):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(n):
+        opt.zero_grad()
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+# ---- the cache across processes ---------------------------------------------------
+
+def test_second_process_gets_the_cache_and_nothing_compiles(daemons):
+    d = daemons.start("a")
+    daemons.use(d)
+    first = _child("train", "mlp")
+    assert first["sources"] == ["compiled", "compiled"], first  # forward, backward
+    n = _compiled(d)
+    assert n == 2
+    second = _child("train", "mlp")
+    assert second["sources"] == ["memory", "memory"], second
+    assert second["losses"] == first["losses"]
+    assert _compiled(d) == n  # the daemon compiled nothing for it
+    # a restarted daemon on the same store: the blobs, not the hot map
+    d.stop()
+    d.start()
+    third = _child("train", "mlp")
+    assert third["sources"] == ["disk", "disk"], third
+    assert _compiled(d) == 0  # this daemon process never compiled
+    assert third["losses"] == first["losses"]
+
+
+def test_eight_processes_at_once_compile_each_graph_once(daemons):
+    d = daemons.start("c", args=["--workers", "2"])
+    daemons.use(d)
+    procs = []
+    e = dict(os.environ, HF_HUB_OFFLINE="1")
+    for _ in range(8):
+        procs.append(subprocess.Popen([PY, CHILD, "train", "gpt2"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=e, cwd=ROOT))
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, out + err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    distinct = {s for r in results for s in r["signatures"]}
+    assert len(distinct) == 2  # GPT-2's forward and backward
+    assert _compiled(d) == len(distinct)
+    srcs = [s for r in results for s in r["sources"]]
+    assert srcs.count("compiled") == len(distinct), srcs
+    assert set(srcs) <= {"compiled", "joined", "memory"}, srcs
+    assert all(r["losses"] == results[0]["losses"] for r in results)
+
+
+# ---- dynamic shapes ----------------------------------------------------------------
+
+def test_changing_sequence_length_recompiles_once(daemons):
+    import kiln.backend as kb
+    d = daemons.start("dyn")
+    daemons.use(d)
+    torch.manual_seed(0)
+    # train(): eval() would take PyTorch's fused fast path (one opaque op);
+    # dropout is 0, so the layer computes the same
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                       batch_first=True).train()
+    m = torch.compile(layer, backend="kiln")
+    with torch.no_grad():
+        for n in (8, 12, 16, 24, 31):
+            x = torch.randn(2, n, 32)
+            torch.testing.assert_close(m(x), layer(x), rtol=1e-4, atol=1e-5)
+    graphs = kb.records()
+    # the first length is compiled static; the second makes Dynamo (and so
+    # the graph kiln gets) symbolic in the length; every later one reuses it
+    assert len(graphs) == 2, [(g["kind"], g["source"]) for g in graphs]
+    assert _compiled(d) == 2
+    assert all(not g["fallback_ops"] for g in graphs), graphs
+    assert kb.stats()["fallback"] == 0
+
+
+def test_dynamic_false_compiles_every_length(daemons):
+    import kiln.backend as kb
+    d = daemons.start("static")
+    daemons.use(d)
+    lin = nn.Linear(16, 16).eval()
+    m = torch.compile(lin, backend="kiln", dynamic=False)
+    with torch.no_grad():
+        for n in (3, 5, 7):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(m(x), lin(x), rtol=1e-5, atol=1e-6)
+    assert len(kb.records()) == 3 and _compiled(d) == 3
+
+
+# ---- failure -------------------------------------------------------------------------
+
+def test_daemon_down_runs_with_one_warning(daemons, monkeypatch, tmp_path):
+    import kiln.backend as kb
+    monkeypatch.setenv("KILN_SOCKET", str(tmp_path / "none.sock"))
+    monkeypatch.setenv("KILN_FALLBACK", "eager")
+    model = _mlp()
+    x = torch.randn(8, 32)
+    with pytest.warns(kb.KilnWarning, match="kilnd is not available") as w:
+        m = torch.compile(model, backend="kiln")
+        losses = _train_steps(m, model, x, 3)
+    assert len([x for x in w if issubclass(x.category, kb.KilnWarning)]) == 1
+    assert losses[2] < losses[0]
+    assert kb.stats()["fallback"] == 1
+    assert kb.records()[0]["kind"] == "dynamo" and kb.records()[0]["source"] == "eager"
+
+
+def test_daemon_down_falls_back_to_inductor(monkeypatch, tmp_path):
+    import kiln.backend as kb
+    monkeypatch.setenv("KILN_SOCKET", str(tmp_path / "none.sock"))
+    monkeypatch.setenv("KILN_AUTOSTART", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    lin = nn.Linear(4, 4).eval()
+    x = torch.randn(2, 4)
+    with pytest.warns(kb.KilnWarning, match="runs through Inductor"):
+        with torch.no_grad():
+            got = torch.compile(lin, backend="kiln")(x)
+    torch.testing.assert_close(got, lin(x))
+
+
+def test_strict_and_fullgraph_raise_when_the_daemon_is_down(monkeypatch, tmp_path):
+    from torch._dynamo.exc import BackendCompilerFailed
+    monkeypatch.setenv("KILN_SOCKET", str(tmp_path / "none.sock"))
+    monkeypatch.setenv("KILN_AUTOSTART", "0")
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    monkeypatch.setenv("KILN_STRICT", "1")
+    with pytest.raises(BackendCompilerFailed, match="kilnd is not available"):
+        torch.compile(lin, backend="kiln")(x)
+    monkeypatch.delenv("KILN_STRICT")
+    torch._dynamo.reset()
+    with pytest.raises(BackendCompilerFailed, match="kilnd is not available"):
+        torch.compile(lin, backend="kiln", fullgraph=True)(x)
+
+
+def test_daemon_restarted_mid_training(daemons):
+    import kiln.backend as kb
+    d = daemons.start("r")
+    daemons.use(d)
+    model = _mlp()
+    m = torch.compile(model, backend="kiln")
+    x8, x16 = torch.randn(8, 32), torch.randn(16, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kb.KilnWarning)  # no fallback anywhere
+        _train_steps(m, model, x8, 2)
+        d.kill9()                        # the daemon dies mid-training ...
+        _train_steps(m, model, x8, 2)    # ... compiled graphs need no daemon
+        d.start()                        # restarted (same store)
+        # a new batch size: new graphs, through the restarted daemon (libkiln
+        # reconnects; the first daemon's store serves what it had)
+        losses = _train_steps(m, model, x16, 2)
+    assert all(l == l for l in losses)
+    srcs = [r["source"] for r in kb.records()]
+    assert srcs[:2] == ["compiled", "compiled"] and len(srcs) == 4, srcs
+    assert kb.stats()["fallback"] == 0
+
+
+def test_daemon_gone_for_a_recompile_falls_back_and_training_continues(daemons, monkeypatch):
+    import kiln.backend as kb
+    d = daemons.start("g")
+    daemons.use(d)
+    monkeypatch.setenv("KILN_FALLBACK", "eager")
+    model = _mlp()
+    m = torch.compile(model, backend="kiln", dynamic=False)
+    _train_steps(m, model, torch.randn(8, 32), 2)
+    d.stop()
+    with pytest.warns(kb.KilnWarning, match="kilnd is not available"):
+        losses = _train_steps(m, model, torch.randn(4, 32), 2)  # a recompile: no daemon
+    assert losses[1] < losses[0]
+
+
+# ---- settings ------------------------------------------------------------------------
+
+def test_mode_and_options(kiln_daemon):
+    import kiln
+    import kiln.backend as kb
+    lin = nn.Linear(8, 8).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        got = kiln.compile(lin, mode="max-autotune")(x)
+    torch.testing.assert_close(got, lin(x))
+    assert kb.records()[-1]["source"] in ("compiled", "memory")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown options"):
+        torch.compile(lin, backend="kiln", options={"bogus": 1})(x)
+    with pytest.raises(ValueError, match="unknown mode"):
+        kiln.compile(lin, mode="fastest")
+
+
+def test_kiln_compile_is_torch_compile_with_backend_kiln(kiln_daemon):
+    import kiln
+    import kiln.backend as kb
+    model = _mlp()
+    x = torch.randn(8, 32)
+
+    @kiln.compile(dynamic=False)
+    def f(t):
+        return model(t).relu()
+    torch.testing.assert_close(f(x), model(x).relu())
+    assert [r["kind"] for r in kb.records()] == ["forward"]
+
+
+def test_the_package_declares_the_entry_point(tmp_path):
+    r = subprocess.run([PY, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), os.path.join(ROOT, "clients", "python")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    import zipfile
+    whl = [f for f in os.listdir(tmp_path) if f.endswith(".whl")]
+    assert len(whl) == 1
+    with zipfile.ZipFile(tmp_path / whl[0]) as z:
+        names = z.namelist()
+        ep = z.read([n for n in names if n.endswith("entry_points.txt")][0]).decode()
+    assert "[torch_dynamo_backends]" in ep and "kiln = kiln.backend:kiln" in ep
+    assert "kiln/backend.py" in names and "kiln/runtime.py" in names
+    from torch._dynamo.backends.registry import lookup_backend
+    import kiln.backend
+    assert lookup_backend("kiln") is kiln.backend.kiln

@@ -1,162 +1,151 @@
 #!/usr/bin/env python3
 """kiln's demo (run by `./dev demo`).
 
-What exists today: capture a real PyTorch model's forward and backward ATen
-graphs through Dynamo + AOTAutograd, export them to Graph v1, and have the C
-protocol library decode, validate and sign them (kilnc). Then the committed
-corpus, with each graph's signature, and corpus graphs compiled to fused
-kernels and run against torch's outputs. Last, kilnd (on its default store)
-compiles the captured graphs, serves the repeats from memory, and after a
-restart from disk.
+Starts kilnd on its embedded default store (~/.cache/kiln, or
+$XDG_CACHE_HOME/kiln) on a private socket, then compiles two real models --
+torchvision's ResNet-18 (inference) and a Hugging Face GPT-2 (small config,
+random weights; a training step) -- three ways in one process: eager,
+torch.compile's default backend (Inductor) and torch.compile(backend="kiln"),
+and prints each one's compile time (the first call) and step time. kiln's
+graphs go through the daemon; the line "kiln graphs" says where each came
+from: "compiled" the first time, "disk" (kilnd's store) when the demo runs
+again, and nothing is compiled twice.
 """
-import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 BUILD = os.environ.get("KILN_BUILD_DIR", os.path.join(ROOT, "build"))
-KILNC = os.path.join(BUILD, "compiler", "kilnc")
 KILND = os.path.join(BUILD, "daemon", "kilnd")
 
 
-def kilnc(*args):
-    r = subprocess.run([KILNC, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"demo: kilnc {' '.join(args)} failed: {r.stderr.strip()}")
-    return r.stdout
-
-
-def main():
-    import torch
-    import torch._dynamo
-    from torch._dynamo.backends.common import aot_autograd
-    from kiln.export import export_graph, dumps
-
-    print("== 1. Capture a real model (MLP: Linear/GELU/LayerNorm), forward and backward")
-    captured = []
-
-    def compiler(kind):
-        def comp(gm, example_inputs):
-            captured.append((kind, export_graph(gm, example_inputs)))
-            return gm.forward if hasattr(gm, "forward") else gm
-        return comp
-
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
-                                torch.nn.LayerNorm(128), torch.nn.Linear(128, 10))
-    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))
-    cm = torch.compile(model, backend=backend, fullgraph=True)
-    t0 = time.perf_counter()
-    cm(torch.randn(32, 64)).sum().backward()
-    print(f"   captured {len(captured)} graphs in {time.perf_counter() - t0:.2f} s")
-
-    with tempfile.TemporaryDirectory() as d:
-        for kind, graph in captured:
-            path = os.path.join(d, f"mlp_{kind}.graph.msgpack")
-            with open(path, "wb") as f:
-                f.write(dumps(graph))
-            print(f"\n== 2. {kind} graph ({os.path.getsize(path)} bytes of Graph v1): "
-                  "decoded, validated and signed by the C library")
-            for line in kilnc(path).splitlines():
-                print("   " + line)
-
-    print("\n== 3. The committed corpus (tests/data/graphs): real captured graphs")
-    gdir = os.path.join(ROOT, "tests", "data", "graphs")
-    with open(os.path.join(gdir, "index.json")) as f:
-        index = json.load(f)["graphs"]
-    print(f"   {'graph':24} {'nodes':>5} {'ops':>4} {'bytes':>7}  signature")
-    for e in index:
-        path = os.path.join(gdir, e["graph"])
-        sig = kilnc(path, "--signature").strip()
-        dyn = "  (dynamic: " + ", ".join(e["symbols"]) + ")" if e["dynamic"] else ""
-        print(f"   {e['name']:24} {e['nodes']:5} {len(e['ops']):4} "
-              f"{os.path.getsize(path):7}  {sig[:16]}…{dyn}")
-    print("\n== 4. Compile corpus graphs to fused CPU kernels and run them against "
-          "torch's outputs")
-    for name in ("transformer_layer_fwd", "gpt2_fwd", "mlp_bwd"):
-        g = os.path.join(gdir, name + ".graph.msgpack")
-        io = os.path.join(gdir, name + ".io.msgpack")
-        rep = kilnc(g, "--emit=kernels").splitlines()
-        run = kilnc(g, "--run", io, "--bench").splitlines()
-        comp = [l for l in run if l.startswith("compile:")][0]
-        ok = sum(1 for l in run if l.startswith("output") and " ok" in l)
-        n = sum(1 for l in run if l.startswith("output"))
-        print(f"   {name}: {rep[0]}")
-        print(f"      {comp}")
-        print(f"      {ok} of {n} outputs match torch; "
-              + [l for l in run if l.startswith("run:")][0])
-    demo_kilnd(captured)
-
-
 def start_kilnd(sock):
-    """kilnd on its default store (~/.cache/kiln, or $XDG_CACHE_HOME/kiln),
-    listening on a private socket; returns once it answers hello."""
-    from kiln.client import Client
+    """kilnd on its default store, on a private socket; returns once it
+    answers (through libkiln)."""
+    from kiln.runtime import Client, KilnError
     proc = subprocess.Popen([KILND, "--socket", sock, "--log-level", "warn"])
-    for _ in range(200):
+    for _ in range(400):
         try:
-            with Client(sock) as c:
-                return proc, c.hello()
-        except OSError:
+            c = Client(sock, autostart=0)
+            return proc, c
+        except KilnError:
+            if proc.poll() is not None:
+                sys.exit(f"demo: kilnd exited {proc.returncode} at start")
             time.sleep(0.05)
     proc.kill()
     sys.exit("demo: kilnd did not start")
 
 
-def stop_kilnd(proc):
-    proc.terminate()
-    if proc.wait(timeout=60) != 0:
-        sys.exit(f"demo: kilnd exited {proc.returncode}")
+def resnet18():
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18(weights=None).eval()
+    x = torch.rand(4, 3, 64, 64)
+
+    def step(f):
+        with torch.no_grad():
+            return f(x)
+    return "ResNet-18 (torchvision), inference, batch 4x3x64x64", m, step
 
 
-def demo_kilnd(captured):
-    from kiln.client import Client
-    from kiln.export import dumps
-    import msgpack
-    print("\n== 5. kilnd: the captured MLP graphs and a corpus graph (ResNet-18) "
-          "compiled through the daemon, then served again")
+def gpt2():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1024, n_positions=128,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                     bos_token_id=0, eos_token_id=0)
+    m = GPT2LMHeadModel(cfg)
+    m.loss_type = "ForCausalLM"
+    m.train()
+    ids = torch.randint(0, 1024, (4, 32), generator=torch.Generator().manual_seed(1))
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids):
+            return self.inner(input_ids=ids, labels=ids, use_cache=False).loss
+
+    w = WithLoss(m)
+    opt = torch.optim.SGD(w.parameters(), lr=1e-3)
+
+    def step(f):
+        opt.zero_grad(set_to_none=True)
+        loss = f(ids)
+        loss.backward()
+        return loss
+    return "GPT-2 (Hugging Face, 2 layers, d=128), training step, batch 4x32", w, step
+
+
+def measure(step, f, n):
+    t0 = time.perf_counter()
+    step(f)  # the first call: Dynamo + AOTAutograd + the backend's compile
+    first = time.perf_counter() - t0
+    for _ in range(3):
+        step(f)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step(f)
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+def main():
+    import torch
+    import kiln
+    import kiln.backend as kb
+    torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as d:
         sock = os.path.join(d, "kilnd.sock")
-        proc, hello = start_kilnd(sock)
-        print(f"   kilnd {hello['version']} on {sock}, fingerprint "
-              f"\"{hello['fingerprint']}\"")
-        sigs = []
-        gdir = os.path.join(ROOT, "tests", "data", "graphs")
-        with open(os.path.join(gdir, "resnet18_fwd.graph.msgpack"), "rb") as f:
-            corpus = [("resnet18", msgpack.unpackb(f.read(), raw=False))]
-        with Client(sock) as c:
-            for kind, g in [(k, msgpack.unpackb(dumps(gr), raw=False))
-                            for k, gr in captured] + corpus:
-                for attempt in (1, 2):
-                    t0 = time.perf_counter()
-                    r = c.compile(g)
-                    ms = (time.perf_counter() - t0) * 1e3
-                    note = ("  (an earlier run stored it)"
-                            if r["source"] == "disk" else "")
-                    print(f"   {kind:8} request {attempt}: {r['source']:8} "
-                          f"{ms:8.2f} ms round trip, artifact "
-                          f"{len(r['artifact'])} bytes, compile "
-                          f"{r['compile_ms']:.0f} ms{note}")
-                sigs.append((kind, r["signature"]))
-            st = c.status()["stats"]
-            print(f"   status: hits {st['hits']}, compiled {st['compiled']}, "
-                  f"store {st['store']['entries']} entries / "
-                  f"{st['store']['bytes']} bytes")
-        stop_kilnd(proc)
-        print("   kilnd restarted on the same store: lookups by signature")
-        proc, _ = start_kilnd(sock)
-        with Client(sock) as c:
-            for kind, sig in sigs:
-                t0 = time.perf_counter()
-                r = c.lookup(sig)
-                ms = (time.perf_counter() - t0) * 1e3
-                print(f"   {kind:8} lookup {sig[:16]}…: {r['source']:6} "
-                      f"{ms:8.2f} ms")
-        stop_kilnd(proc)
+        proc, client = start_kilnd(sock)
+        os.environ["KILN_SOCKET"] = sock
+        os.environ["KILN_AUTOSTART"] = "0"
+        hello = client.call("hello")
+        st = client.call("status")["stats"]["store"]
+        print(f"kilnd {hello['version']} on its default store: {st['entries']} entries, "
+              f"{st['bytes'] / 1e6:.1f} MB")
+        print(f"  fingerprint \"{hello['fingerprint']}\"\n")
+        try:
+            for make in (resnet18, gpt2):
+                title, model, step = make()
+                print(f"== {title}")
+                _, eager = measure(step, model, 20)
+                torch._dynamo.reset()
+                ind_first, ind = measure(step, torch.compile(model), 20)
+                torch._dynamo.reset()
+                kb.reset()
+                k_first, k = measure(step, kiln.compile(model), 20)
+                srcs = [r["source"] for r in kb.records()]
+                kernels = sum(len(r["kernels"]) for r in kb.records())
+                fallback_ops = sum(len(r["fallback_ops"]) for r in kb.records())
+                print(f"   {'':10} {'first call (compile)':>22} {'step':>10}")
+                print(f"   {'eager':10} {'-':>22} {eager * 1e3:8.2f} ms")
+                print(f"   {'Inductor':10} {ind_first:20.2f} s {ind * 1e3:8.2f} ms")
+                print(f"   {'kiln':10} {k_first:20.2f} s {k * 1e3:8.2f} ms")
+                print(f"   kiln graphs: {', '.join(srcs)}  ({kernels} fused kernels, "
+                      f"{fallback_ops} ops through torch)")
+                print(f"   compile: kiln {ind_first / k_first:.1f}x faster than Inductor; "
+                      f"step: kiln {k / ind:.2f}x Inductor's, {k / eager:.2f}x eager's\n")
+            s = client.call("status")["stats"]
+            print(f"kilnd: compiled {s['compiled']} graphs in this run; store "
+                  f"{s['store']['entries']} entries. Run the demo again: kiln's graphs "
+                  "come from the store (disk), nothing is compiled.")
+        finally:
+            client.close()
+            proc.terminate()
+            if proc.wait(timeout=60) != 0:
+                print(f"demo: kilnd exited {proc.returncode}", file=sys.stderr)
 
 
 if __name__ == "__main__":

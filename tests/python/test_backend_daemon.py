@@ -150,7 +150,8 @@ def test_daemon_down_runs_with_one_warning(daemons, monkeypatch, tmp_path):
     assert len([x for x in w if issubclass(x.category, kb.KilnWarning)]) == 1
     assert losses[2] < losses[0]
     assert kb.stats()["fallback"] == 1
-    assert kb.records()[0]["kind"] == "dynamo" and kb.records()[0]["source"] == "eager"
+    rec = kb.records()[0]
+    assert rec["kind"] == "dynamo" and rec["source"] == "fallback" and rec["runs_with"] == "eager"
 
 
 def test_daemon_down_falls_back_to_inductor(monkeypatch, tmp_path):

@@ -319,7 +319,7 @@ def kiln(gm, example_inputs, mode=None, options=None):
                f"until its CUDA backend exists")
         if strict:
             raise KilnError(f"kiln: {why}", code="unsupported_op")
-        _record("dynamo", gm, why)["source"] = settings.fallback
+        _record("dynamo", gm, why).update(source="fallback", runs_with=settings.fallback)
         return _fallback_backend(gm, example_inputs, settings, why, ("device",))
     try:
         _client(settings.socket)
@@ -327,7 +327,7 @@ def kiln(gm, example_inputs, mode=None, options=None):
         why = f"kilnd is not available ({e.code}): {e}"
         if strict:
             raise KilnError(f"kiln: {why}", code=e.code) from e
-        _record("dynamo", gm, why)["source"] = settings.fallback
+        _record("dynamo", gm, why).update(source="fallback", runs_with=settings.fallback)
         return _fallback_backend(gm, example_inputs, settings, why, ("down",))
     from torch._dynamo.backends.common import aot_autograd
     aot = aot_autograd(fw_compiler=_aten_compiler(settings, "forward"),
@@ -347,9 +347,9 @@ def kiln(gm, example_inputs, mode=None, options=None):
             raise KilnError(f"kiln: {f}", code=f.code) from e
         rec = getattr(f, "record", None)
         if rec is not None:
-            rec["source"] = settings.fallback
+            rec.update(source="fallback", runs_with=settings.fallback)
         else:
-            _record("dynamo", gm, str(f))["source"] = settings.fallback
+            _record("dynamo", gm, str(f)).update(source="fallback", runs_with=settings.fallback)
         return _fallback_backend(gm, example_inputs, settings, str(f), ("graph", f.code, str(f)))
 
 

@@ -199,11 +199,18 @@ def test_inference_matches_eager(name):
     _no_fallback()
 
 
-# mobilenet_v2 (width 0.5, batch 4) trains with 14% gradient error against
-# f64 in kiln while eager is within 3e-5 at 64x64 (at 96x96 both are ~2%
-# off): not understood yet -- the forward outputs match eager's to f32
-# rounding, each graph alone matches eager ATen on the same inputs. Open.
-_TRAIN_XFAIL = {"mobilenet_v2": "mobilenet_v2 training numerics: open (see comment)"}
+# mobilenet_v2 (width 0.5, batch 4, 64x64) training: kiln's gradient of
+# features.18.0.weight is 14% from the f64 one at step 1, eager's 3e-5.
+# Traced: each graph alone matches eager ATen on the same inputs; replacing
+# one forward output (clone_34, the BatchNorm output before the last ReLU6)
+# by eager's removes the gap; the two differ by <= 1.1e-4 (f32 rounding),
+# but one element sits at 2e-5 from ReLU6's kink (kiln +2.4e-5, eager
+# -2.0e-5), in a channel of near-zero batch variance, so the mask flips and
+# 1/sqrt(var+eps) amplifies it. Both are valid f32 answers; the bound above
+# cannot express a kink. Other shapes (8x3x64x64, 4x3x128x128) fail too
+# (losses 0.3-0.5% apart); those were not traced. Kept visible as xfail.
+_TRAIN_XFAIL = {"mobilenet_v2": "an activation at a ReLU6 kink in a low-variance "
+                "BatchNorm channel flips the gradient mask (see comment)"}
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])

@@ -19,6 +19,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+sys.path.insert(0, ROOT)  # tests.integration.pyclient
 KILND = os.environ.get("KILND", os.path.join(ROOT, "build", "daemon", "kilnd"))
 
 torch = pytest.importorskip("torch")
@@ -26,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture
 def dyn_kilnd():
-    from kiln.client import Client
+    from tests.integration.pyclient import Client
     with tempfile.TemporaryDirectory() as d:
         sock = os.path.join(d, "k.sock")
         proc = subprocess.Popen([KILND, "--socket", sock, "--store-dir",
@@ -86,7 +87,7 @@ def check_outputs(got, want):
 
 
 def test_second_size_generalizes_and_serves_later_sizes(dyn_kilnd):
-    from kiln.client import Client
+    from tests.integration.pyclient import Client
     with Client(dyn_kilnd) as c:
         g8, in8, want8 = capture(8)
         r8 = c.compile(g8)
@@ -114,7 +115,7 @@ def test_second_size_generalizes_and_serves_later_sizes(dyn_kilnd):
 
 
 def test_dynamic_false_never_generalizes(dyn_kilnd):
-    from kiln.client import Client
+    from tests.integration.pyclient import Client
     with Client(dyn_kilnd) as c:
         for b in (8, 16, 24):
             g, _, _ = capture(b)
@@ -126,7 +127,7 @@ def test_dynamic_false_never_generalizes(dyn_kilnd):
 
 
 def test_size_one_is_not_generalized(dyn_kilnd):
-    from kiln.client import Client
+    from tests.integration.pyclient import Client
     with Client(dyn_kilnd) as c:
         g1, in1, want1 = capture(1)
         assert c.compile(g1)["source"] == "compiled"
@@ -143,7 +144,7 @@ def test_generalized_version_survives_a_restart_on_disk(dyn_kilnd):
     """The generalized artifact is stored like any other: after the hot map
     is cleared (evict all would drop the store too, so use a fresh client
     and rely on the store lookup path), a later size is still served."""
-    from kiln.client import Client
+    from tests.integration.pyclient import Client
     with Client(dyn_kilnd) as c:
         c.compile(capture(8)[0])
         r16 = c.compile(capture(16)[0])

@@ -1293,7 +1293,7 @@ def test_repeat_compile_by_bytes(make_kilnd):
     g = graph("mlp_fwd")
     with d.client() as c:
         def compile_as(rid, gr):
-            # v, id, op first, as libkiln and kiln.client write them.
+            # v, id, op first, as libkiln and tests/integration/pyclient.py write them.
             c.send_raw(frame({"v": 1, "id": rid, "op": "compile",
                               "graph": gr, "target": {"backend": "cpu"}}))
             return c.wait(rid)

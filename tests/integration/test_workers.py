@@ -19,6 +19,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+sys.path.insert(0, ROOT)  # tests.integration.pyclient
 KILND = os.environ.get("KILND", os.path.join(ROOT, "build", "daemon", "kilnd"))
 GRAPHS = os.path.join(ROOT, "tests", "data", "graphs")
 
@@ -37,7 +38,7 @@ def children(pid):
 
 
 def start(d, *extra):
-    from kiln.client import Client
+    from tests.integration.pyclient import Client
     sock = os.path.join(d, "k.sock")
     proc = subprocess.Popen([KILND, "--socket", sock, "--store-dir",
                              os.path.join(d, "store"), "--log-level", "warn",
@@ -74,7 +75,7 @@ def test_kilnd_itself_maps_no_llvm():
 
 
 def test_worker_killed_mid_compile_fails_that_compile_only():
-    from kiln.client import Client, KilnError
+    from tests.integration.pyclient import Client, KilnError
     with tempfile.TemporaryDirectory() as d:
         proc, sock = start(d, "--workers", "1")
         try:
@@ -115,7 +116,7 @@ def test_worker_killed_mid_compile_fails_that_compile_only():
 
 
 def test_idle_worker_is_stopped_and_restarted_on_demand():
-    from kiln.client import Client
+    from tests.integration.pyclient import Client
     with tempfile.TemporaryDirectory() as d:
         proc, sock = start(d, "--workers", "1", "--worker-idle-s", "1")
         try:

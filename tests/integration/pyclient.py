@@ -1,9 +1,11 @@
-"""A minimal synchronous client of kilnd (protocol/PROTOCOL.md).
+"""A minimal synchronous client of kilnd in pure Python, for the integration
+tests that need the raw protocol (protocol/PROTOCOL.md). The kiln package
+does not use it: it calls libkiln's client through ctypes, so the protocol
+is implemented once, in C.
 
 One connection, one request at a time: frames are a 4-byte big-endian
 length and one msgpack map. Errors from the daemon raise ``KilnError`` with
-the protocol's error code. The full client (libkiln, pipelining, the torch
-backend) builds on the same protocol.
+the protocol's error code.
 """
 import os
 import socket

@@ -493,6 +493,77 @@ Test(client, compile_errors)
 	kiln_client_free(c);
 }
 
+/* The Python package's entry: Graph v1 bytes. Good bytes compile (and hit
+ * the in-process cache the second time), bad ones are refused here with the
+ * decoder's message, a bad mode with KILN_EBADREQ; the handle works on. */
+static uint8_t *read_all(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s", path);
+	cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+	long len = ftell(f);
+	cr_assert_geq(len, 0);
+	rewind(f);
+	uint8_t *p = malloc((size_t)len + 1);
+	cr_assert_not_null(p);
+	cr_assert_eq(fread(p, 1, (size_t)len, f), (size_t)len);
+	fclose(f);
+	*n = (size_t)len;
+	return p;
+}
+
+Test(client, compile_bytes)
+{
+	char sock[256], store[256], err[512] = "";
+	sock_store(sock, store);
+	tk_start_kilnd(sock, store, NULL);
+	kiln_client_opts_t o = tk_opts(sock, true);
+	kiln_client_t *c = tk_connect(&o);
+	kiln_result_t r;
+	size_t n = 0;
+	uint8_t *g = read_all(MLP_FWD, &n);
+
+	int rc = kiln_client_compile_bytes(c, g, n, NULL, -1, NULL, &r, err,
+					   sizeof(err));
+	cr_assert_eq(rc, 0, "%d: %s", rc, err);
+	cr_assert_str_eq(r.source, "compiled");
+	cr_assert_gt(r.artifact_len, 0);
+	char sig[KILN_SIG_HEX];
+	memcpy(sig, r.signature, sizeof(sig));
+	kiln_result_free(&r);
+	rc = kiln_client_compile_bytes(c, g, n, "default", -1, NULL, &r, err,
+				       sizeof(err));
+	cr_assert_eq(rc, 0, "%d: %s", rc, err);
+	cr_assert_str_eq(r.source, "local");
+	cr_assert_str_eq(r.signature, sig);
+	kiln_result_free(&r);
+	/* another mode is another signature */
+	rc = kiln_client_compile_bytes(c, g, n, "max-autotune", 0, "batch", &r,
+				       err, sizeof(err));
+	cr_assert_eq(rc, 0, "%d: %s", rc, err);
+	cr_assert_str_neq(r.signature, sig);
+	kiln_result_free(&r);
+
+	/* truncated bytes: the decoder's error, no request sent */
+	rc = kiln_client_compile_bytes(c, g, n / 2, NULL, -1, NULL, &r, err,
+				       sizeof(err));
+	cr_assert_lt(rc, 0);
+	cr_assert_not_null(strstr(err, "graph:"), "err: %s", err);
+	cr_assert_null(r.artifact);
+	rc = kiln_client_compile_bytes(c, g, n, "fastest", -1, NULL, &r, err,
+				       sizeof(err));
+	cr_assert_eq(rc, KILN_EBADREQ, "%d: %s", rc, err);
+	rc = kiln_client_compile_bytes(
+	    c, g, n, "a-mode-name-longer-than-the-field-holds", -1, NULL, &r,
+	    err, sizeof(err));
+	cr_assert_eq(rc, KILN_EBADREQ, "%d: %s", rc, err);
+	cr_assert_eq(kiln_client_compile_bytes(c, NULL, 0, NULL, -1, NULL, &r,
+					       err, sizeof(err)),
+		     -EINVAL);
+	free(g);
+	kiln_client_free(c);
+}
+
 /* A compile slower than timeout_ms: KILN_ETIMEOUT, and the handle works
  * on (it reconnects; the late reply is never read as another's). */
 Test(client, timeout)

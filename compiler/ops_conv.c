@@ -271,6 +271,158 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	return lset(n, 0, y);
 }
 
+/* t as a buffer of dtype acc (a copy when it is not one already). */
+static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **out)
+{
+	cctx_t *c = n->c;
+	if (t->is_buf && t->dtype == acc) {
+		*out = t;
+		return 0;
+	}
+	lt_t *u =
+	    lt_fn(c, acc, t->rank, t->sizes, sx_cast(c, lt_body(c, t), acc));
+	if (u == NULL)
+		return -ENOMEM;
+	return lt_realize(c, u, (int32_t)n->index, out);
+}
+
+/*
+ * The backward of a groups == 1 convolution through BLAS (the forward's
+ * im2col + GEMM template, run backwards):
+ *   grad_weight[O, CKK] = sum_n gO[n] (O x OHW) @ col[n]^T (OHW x CKK)
+ *   gcol[n] (CKK x OHW) = W^T (CKK x O) @ gO[n] (O x OHW), then col2im:
+ *   grad_input[n, c, h, w] = sum_{kh,kw} gcol[n, (c,kh,kw), (oh,ow)] over
+ *   the (oh, ow) that h = oh*sh - ph + kh*dh (and w alike) hit exactly.
+ * gO3 is grad_output as [N, O, OHW] in acc.
+ */
+static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
+			lt_t *go, const bool *mask, kiln_dtype_t acc)
+{
+	cctx_t *c = n->c;
+	int64_t N = x->sizes[0].c, C = x->sizes[1].c, H = x->sizes[2].c,
+		W = x->sizes[3].c;
+	int64_t O = w->sizes[0].c, KH = w->sizes[2].c, KW = w->sizes[3].c;
+	int64_t OH = go->sizes[2].c, OW = go->sizes[3].c, CKK = C * KH * KW;
+	lt_t *gb;
+	int rc = acc_buf(n, go, acc, &gb);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t g3[3] = {dim_const(N), dim_const(O), dim_const(OH * OW)};
+	lt_t *go3 = lt_reshape(c, gb, 3, g3);
+	if (go3 == NULL)
+		return -ENOMEM;
+	if (mask[1] && n->n->n_out > 1) {
+		kiln_dim_t cs[6] = {dim_const(N),  dim_const(C),
+				    dim_const(KH), dim_const(KW),
+				    dim_const(OH), dim_const(OW)};
+		const kiln_expr_t *ih = ix_add(
+		    c, ix_mul(c, IV(4), IC(cv->s[0])),
+		    ix_sub(c, ix_mul(c, IV(2), IC(cv->d[0])), IC(cv->p[0])));
+		const kiln_expr_t *iw = ix_add(
+		    c, ix_mul(c, IV(5), IC(cv->s[1])),
+		    ix_sub(c, ix_mul(c, IV(3), IC(cv->d[1])), IC(cv->p[1])));
+		lt_t *col =
+		    lt_fn(c, acc, 6, cs,
+			  sx_cast(c, xin(c, x, IV(0), IV(1), ih, iw), acc));
+		if (col == NULL)
+			return -ENOMEM;
+		rc = lt_realize(c, col, (int32_t)n->index, &col);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t c3[3] = {dim_const(N), dim_const(CKK),
+				    dim_const(OH * OW)};
+		lt_t *col3 = lt_reshape(c, col, 3, c3);
+		const uint32_t tr[3] = {0, 2, 1};
+		lt_t *colT = col3 ? lt_permute(c, col3, tr) : NULL;
+		if (colT == NULL)
+			return -ENOMEM;
+		lt_t *p, *gw;
+		rc = lgemm(n, go3, colT, acc, &p); /* [N, O, CKK] */
+		if (rc == 0)
+			rc = lred(n, p, 1u, false, RED_SUM, acc, &gw);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t w4[4] = {dim_const(O), dim_const(C), dim_const(KH),
+				    dim_const(KW)};
+		gw = lt_reshape(c, gw, 4, w4);
+		if (gw == NULL)
+			return -ENOMEM;
+		if (cv->nd == 1)
+			gw = lt_squeeze_dim(c, gw, 2);
+		rc = lset(n, 1, gw);
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[0]) {
+		lt_t *wb;
+		rc = acc_buf(n, w, acc, &wb);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+		lt_t *wv = lt_reshape(c, wb, 2, w2);
+		const uint32_t tr[2] = {1, 0};
+		lt_t *wt = wv ? lt_permute(c, wv, tr) : NULL; /* [CKK, O] */
+		kiln_dim_t e3[3] = {dim_const(N), dim_const(CKK), dim_const(O)};
+		lt_t *wt3 = wt ? lt_expand(c, wt, 3, e3) : NULL;
+		if (wt3 == NULL)
+			return -ENOMEM;
+		if (!wt3->is_buf) {
+			rc = lt_realize(c, wt3, (int32_t)n->index, &wt3);
+			if (rc != 0)
+				return rc;
+		}
+		lt_t *gcol;
+		rc = lgemm(n, wt3, go3, acc, &gcol); /* [N, CKK, OHW] */
+		if (rc != 0)
+			return rc;
+		/* col2im over [N, C, 1, KH, KW, H, W], reduce (1, KH, KW) */
+		kiln_dim_t fs[7] = {dim_const(N),  dim_const(C),  dim_const(1),
+				    dim_const(KH), dim_const(KW), dim_const(H),
+				    dim_const(W)};
+		const kiln_expr_t *th =
+		    ix_sub(c, ix_add(c, IV(5), IC(cv->p[0])),
+			   ix_mul(c, IV(3), IC(cv->d[0])));
+		const kiln_expr_t *tw =
+		    ix_sub(c, ix_add(c, IV(6), IC(cv->p[1])),
+			   ix_mul(c, IV(4), IC(cv->d[1])));
+		const kiln_expr_t *oh = ix_floordiv(c, th, IC(cv->s[0]));
+		const kiln_expr_t *ow = ix_floordiv(c, tw, IC(cv->s[1]));
+		const sx_t *ok = NULL;
+		const kiln_expr_t *tt[2] = {th, tw}, *oo[2] = {oh, ow};
+		int64_t lim[2] = {OH, OW}, st[2] = {cv->s[0], cv->s[1]};
+		for (int k = 0; k < 2; k++) {
+			const sx_t *v = sx_index(c, tt[k]);
+			const sx_t *in = sx_bin(
+			    c, OP_AND,
+			    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+			    sx_bin(c, OP_LT, sx_index(c, oo[k]),
+				   sx_consti(c, lim[k], KILN_DT_I64)));
+			if (st[k] > 1)
+				in = sx_bin(
+				    c, OP_AND, in,
+				    sx_bin(c, OP_EQ,
+					   sx_index(
+					       c, ix_mod(c, tt[k], IC(st[k]))),
+					   sx_consti(c, 0, KILN_DT_I64)));
+			ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
+		}
+		const kiln_expr_t *ck =
+		    ix_add(c,
+			   ix_add(c, ix_mul(c, IV(1), IC(KH * KW)),
+				  ix_mul(c, IV(3), IC(KW))),
+			   IV(4));
+		const kiln_expr_t *gi[3] = {
+		    IV(0), ck, ix_add(c, ix_mul(c, oh, IC(OW)), ow)};
+		const sx_t *g = sx_guard(c, lt_at(c, gcol, gi), ok);
+		const sx_t *body = sx_where(c, ok, g, sxf(c, 0, acc));
+		rc = sum7_out(n, acc, fs, body,
+			      (1u << 2) | (1u << 3) | (1u << 4), cv->nd, 0);
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
 int low_convolution_backward(cctx_t *c, lnode_t *n)
 {
 	lt_t *go0, *x0, *w0;
@@ -317,6 +469,15 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 	int64_t Og = O / G;
 	kiln_dtype_t odt = lout(n, 1) ? lout(n, 1)->dtype : x->dtype;
 	kiln_dtype_t acc = compute_dtype(odt);
+	if (G == 1 && Cg * KH * KW > 32 && c->blas != NULL &&
+	    (acc == KILN_DT_F32 || acc == KILN_DT_F64)) {
+		/* grad_input and grad_weight through BLAS; grad_bias below */
+		rc = conv_bw_gemm(n, &cv, x, w, go, mask, acc);
+		if (rc != 0)
+			return rc;
+		mask[0] = false;
+		mask[1] = false;
+	}
 	if (mask[0]) {
 		/* gI over [N, C, Og, KH, KW, H, W], reduce (Og, KH, KW) */
 		kiln_dim_t fs[7] = {dim_const(N),  dim_const(C),  dim_const(Og),

@@ -10,7 +10,11 @@
  *     graph, fuse into one pointwise kernel after it.
  *   direct (depthwise and other convolutions with Cg·KH·KW <= 32): a
  *     reduction over (cg, kh, kw) of x·w, vectorized across output columns.
- * Backward (output_mask decides which):
+ * Backward (output_mask decides which), groups == 1 with Cg·KH·KW > 32 and
+ * a BLAS (conv_bw_gemm): grad_weight = Σ_n gO[n] @ col[n]ᵀ (im2col as in
+ * the forward, one batched GEMM, then a sum over n) and grad_input =
+ * col2im(Wᵀ @ gO[n]) (one batched GEMM, then a gather-sum over KH·KW).
+ * Otherwise the direct forms:
  *   grad_bias   = Σ_{n,oh,ow} gO
  *   grad_input  = Σ_{o in group, kh, kw} gO[n, o, oh, ow] · w[o, c - g·Cg, kh,
  * kw] with oh = (h + ph - kh·dh) / sh when exact and in range grad_weight =

@@ -265,3 +265,21 @@ def test_the_package_declares_the_entry_point(tmp_path):
     from torch._dynamo.backends.registry import lookup_backend
     import kiln.backend
     assert lookup_backend("kiln") is kiln.backend.kiln
+
+
+def test_a_graph_without_kernels_runs_as_its_aten_graph(kiln_daemon):
+    """eval() TransformerEncoderLayer is one fused ATen op kiln has no
+    kernel for: the plan would be a single fallback step plus copies, so the
+    ATen graph runs as it is (same result, no copies)."""
+    import kiln.backend as kb
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                       batch_first=True).eval()
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        got = torch.compile(layer, backend="kiln")(x)
+        torch.testing.assert_close(got, layer(x))
+    (rec,) = kb.records()
+    assert rec["kernels"] == [] and rec["fallback_ops"] == [
+        "aten._transformer_encoder_layer_fwd.default"], rec
+    assert rec["source"] in ("compiled", "memory")

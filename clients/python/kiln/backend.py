@@ -280,6 +280,11 @@ def _aten_compiler(settings, kind):
             if getattr(e, "record", None) is not None:
                 e.record["source"] = "eager"
             return _boxed(gm)
+        if not mod._kernels:
+            # every step is a torch op (e.g. the fused
+            # _transformer_encoder_layer_fwd of an eval() layer): the ATen
+            # graph itself does the same without the plan's copies
+            return _boxed(gm)
         runner = _boxed(mod)
         runner.kiln_module = mod
         return runner

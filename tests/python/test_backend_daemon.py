@@ -267,11 +267,12 @@ def test_the_package_declares_the_entry_point(tmp_path):
     assert lookup_backend("kiln") is kiln.backend.kiln
 
 
-def test_a_graph_without_kernels_runs_as_its_aten_graph(kiln_daemon):
+def test_a_graph_without_kernels_runs_as_its_aten_graph(daemons):
     """eval() TransformerEncoderLayer is one fused ATen op kiln has no
     kernel for: the plan would be a single fallback step plus copies, so the
     ATen graph runs as it is (same result, no copies)."""
     import kiln.backend as kb
+    daemons.use(daemons.start("nk"))  # a fresh store: the static graph
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
                                        batch_first=True).eval()
@@ -283,3 +284,22 @@ def test_a_graph_without_kernels_runs_as_its_aten_graph(kiln_daemon):
     assert rec["kernels"] == [] and rec["fallback_ops"] == [
         "aten._transformer_encoder_layer_fwd.default"], rec
     assert rec["source"] in ("compiled", "memory")
+
+
+def test_a_symbolic_argument_to_a_torch_op_falls_back(daemons, monkeypatch):
+    """kilnd generalizes the second eval() layer of another size: the fused
+    op's embed_dim becomes a symbol, which a fallback step cannot bind;
+    the graph falls back (one warning) and the result is right."""
+    import kiln.backend as kb
+    daemons.use(daemons.start("sym"))
+    monkeypatch.setenv("KILN_FALLBACK", "eager")
+    for d_model in (32, 48):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(d_model=d_model, nhead=4, dim_feedforward=64,
+                                           dropout=0.0, batch_first=True).eval()
+        x = torch.randn(2, 8, d_model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", kb.KilnWarning)
+            with torch.no_grad():
+                torch.testing.assert_close(torch.compile(layer, backend="kiln")(x), layer(x))

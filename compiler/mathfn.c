@@ -3,10 +3,11 @@
  * inline into the kernels (and later carry over to NVPTX unchanged).
  *
  * f32: Cephes-style range reduction + minimax polynomials: exp, log, tanh,
- * sigmoid, erf, sin, cos, tan, atan and the functions built from them
+ * sigmoid, sin, cos, tan, atan and the functions built from them
  * (exp2, log2, log1p, expm1). Accuracy: within ~2-4 ulp of the correctly
  * rounded result on the normal range; results that would be f32 denormals
  * flush to zero (exp below -87.3); sin/cos lose accuracy for |x| > 8192.
+ * erf: a rational approximation, within 3.6e-7 relative (see erf_f32).
  * f64 and the rare binary functions (pow, atan2) call libm per lane.
  *
  * The alternative, glibc's libmvec (_ZGVeN16v_expf ...), is selected with
@@ -155,31 +156,37 @@ static LLVMValueRef sigmoid_f32(gen_t *g, LLVMValueRef x, int w)
 	return FDIV(F(1.0), FADD(F(1.0), e));
 }
 
+/* erf(x) = x·P(x²)/Q(x²) on |x| <= 3.92, ±1 beyond (where erf rounds to ±1
+ * in f32): a rational approximation of the shape Eigen and XLA use
+ * (generic_fast_erf_float), refitted for kiln (Lawson-weighted least
+ * squares for minimax absolute error on [0, 3.92], the first coefficient
+ * fixed at 2/√π so small x keep their relative accuracy: 5.1e-8 in f64). 12
+ * FMAs, one division, no exp and no select between two branches, so the whole
+ * function stays in vector registers: twice the speed of the erfc·exp
+ * formulation it replaced (an AVX-512 reciprocal estimate in place of the
+ * division measured no faster). Measured error in f32 (FMA Horner): <= 3.2e-7
+ * absolute, about 5 ulp just below 1; torch's own is 0.5 ulp. NaN
+ * propagates through the ordered comparisons. */
 static LLVMValueRef erf_f32(gen_t *g, LLVMValueRef x, int w)
 {
-	static const double t[] = {7.853861353153693E-5, -8.010193625184903E-4,
-				   5.188327685732524E-3, -2.685381193529856E-2,
-				   1.128358514861418E-1, -3.761262582423300E-1,
-				   1.128379165726710E0};
+	static const double a[] = {
+	    1.9878696022601616e-08, -1.9690251065185294e-06,
+	    0.00014454012853093445, 0.00380995636805892,
+	    0.050912633538246155,   0.20242539048194885,
+	    1.1283791670955126};
+	static const double b[] = {0.0009826034074649215, 0.014571679756045341,
+				   0.11603943258523941, 0.5127262473106384,
+				   1.0};
 	LLVMValueRef ax = un_intr(g, "llvm.fabs", x);
-	LLVMValueRef z = FMUL(x, x);
-	LLVMValueRef small = FMUL(x, poly(g, z, t, 7, w));
-	/* |x| >= 1: 1 - erfc(|x|), A&S 7.1.26 refined: erfc = poly(t) e^-x² */
-	static const double a[] = {1.061405429,	 -1.453152027, 1.421413741,
-				   -0.284496736, 0.254829592,  0.0};
-	LLVMValueRef tt = FDIV(F(1.0), fma_(g, ax, F(0.3275911), F(1.0)));
-	LLVMValueRef pp = poly(g, tt, a, 6, w);
-	LLVMValueRef ec = FMUL(pp, exp_f32(g, LLVMBuildFNeg(g->b, z, ""), w));
-	LLVMValueRef big = FSUB(F(1.0), ec);
-	LLVMValueRef xt = as_int(g, x, w);
-	LLVMValueRef sign = LLVMBuildAnd(g->b, xt, I((int32_t)0x80000000), "");
-	big = as_float(g, LLVMBuildOr(g->b, as_int(g, big, w), sign, ""), w);
-	big = SEL(
-	    FCMP(LLVMRealOGT, ax, F(10.0)),
-	    as_float(g, LLVMBuildOr(g->b, as_int(g, F(1.0), w), sign, ""), w),
-	    big);
-	LLVMValueRef r = SEL(FCMP(LLVMRealOLT, ax, F(1.0)), small, big);
-	return SEL(FCMP(LLVMRealUNO, x, x), x, r);
+	LLVMValueRef big = FCMP(LLVMRealOGT, ax, F(3.92));
+	LLVMValueRef xc = SEL(big, F(0.0), x);
+	LLVMValueRef z = FMUL(xc, xc);
+	LLVMValueRef r =
+	    FDIV(FMUL(xc, poly(g, z, a, 7, w)), poly(g, z, b, 5, w));
+	LLVMTypeRef t = LLVMTypeOf(x);
+	LLVMValueRef cs[2] = {F(1.0), x};
+	LLVMValueRef one = cg_intr(g, "llvm.copysign", &t, 1, cs, 2);
+	return SEL(big, one, r);
 }
 
 /* sin (want_cos false) or cos of x. */

@@ -747,6 +747,26 @@ static int run_fallback(kiln_module_t *m, exec_t *x, uint32_t s,
 			  cb_err[0] ? cb_err : kiln_strerror(rc));
 }
 
+/* A buffer of n bytes (n a multiple of 64) that free() releases. Above 32
+ * MiB (glibc's largest mmap threshold: every such malloc is a fresh mmap,
+ * faulted in page by page) it is 2 MiB-aligned and advised for transparent
+ * huge pages (THP mode "madvise", as on Debian): a fresh 64 MiB output
+ * costs 32 page faults instead of 16384 and is written twice as fast the
+ * first time (torch's CPU allocator does the same under
+ * THP_MEM_ALLOC_ENABLE). Smaller buffers stay with malloc, which reuses
+ * freed heap memory without faults. */
+static void *buf_alloc(size_t n)
+{
+	const size_t huge = (size_t)2 << 20;
+	if (n <= (size_t)32 << 20)
+		return aligned_alloc(64, n);
+	size_t r = (n + huge - 1) & ~(huge - 1);
+	void *p = aligned_alloc(huge, r);
+	if (p != NULL)
+		(void)madvise(p, r, MADV_HUGEPAGE);
+	return p;
+}
+
 static int execute(kiln_module_t *m, exec_t *x, const kiln_io_t *in,
 		   void **out_bufs, kiln_io_t *outputs,
 		   const kiln_run_opts_t *opts, int64_t arena_bytes, char *err,
@@ -759,7 +779,7 @@ static int execute(kiln_module_t *m, exec_t *x, const kiln_io_t *in,
 	if (x->arena_cap < need) {
 		free(x->arena);
 		x->arena_cap = 0;
-		x->arena = aligned_alloc(64, need);
+		x->arena = buf_alloc(need);
 		if (x->arena == NULL)
 			return kiln__errf(err, errlen, -ENOMEM,
 					  "out of memory for a %zu-byte "
@@ -780,7 +800,7 @@ static int execute(kiln_module_t *m, exec_t *x, const kiln_io_t *in,
 			if (out_bufs[k] == NULL) {
 				size_t n = (size_t)x->bytes[b];
 				n = n < 64 ? 64 : (n + 63) & ~(size_t)63;
-				out_bufs[k] = aligned_alloc(64, n);
+				out_bufs[k] = buf_alloc(n);
 				if (out_bufs[k] == NULL)
 					return kiln__errf(
 					    err, errlen, -ENOMEM,

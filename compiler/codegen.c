@@ -23,6 +23,7 @@
  * at stores and explicit casts.
  */
 #include "compiler/cg.h"
+#include "compiler/cpu.h"
 
 #include <errno.h>
 #include <math.h>
@@ -233,25 +234,46 @@ static LLVMValueRef imod(gen_t *g, LLVMValueRef a, LLVMValueRef b)
 	return LLVMBuildSelect(g->b, bz, zero, r, "");
 }
 
-/* Scalar i64 value of e, with the vectorized var at its base. */
-static LLVMValueRef emit_ix(gen_t *g, const kiln_expr_t *e)
+/* Whether e is >= 0 wherever a kernel evaluates it: loop variables run
+ * from 0 and symbols are sizes (min >= 0). Conservative: a subtraction or a
+ * negative constant anywhere says no. */
+static bool ix_nonneg(const kiln_expr_t *e)
 {
-	LLVMValueRef a, b;
 	switch (e->kind) {
-	case KILN_EX_CONST: return LLVMConstInt(g->i64, (uint64_t)e->c, 1);
-	case KILN_EX_SYM: return sym_value(g, e->sym);
-	case KILN_EX_VAR: return g->var[e->sym];
-	case KILN_EX_NEG: return LLVMBuildNeg(g->b, emit_ix(g, e->a), "");
-	default: break;
+	case KILN_EX_CONST: return e->c >= 0;
+	case KILN_EX_SYM:
+	case KILN_EX_VAR: return true;
+	case KILN_EX_ADD:
+	case KILN_EX_MUL:
+	case KILN_EX_MIN:
+	case KILN_EX_MAX:
+	case KILN_EX_FLOORDIV: return ix_nonneg(e->a) && ix_nonneg(e->b);
+	case KILN_EX_MOD: return ix_nonneg(e->b); /* sign of the divisor */
+	default: return false;
 	}
-	a = emit_ix(g, e->a);
-	b = emit_ix(g, e->b);
+}
+
+/* a // b and a % b where b is a positive constant and a is known >= 0:
+ * plain unsigned division (shifts and masks for powers of two, a multiply
+ * otherwise), none of the floor fix-ups. */
+static bool ix_unsigned_div(const kiln_expr_t *e)
+{
+	return e->b->kind == KILN_EX_CONST && e->b->c > 0 && ix_nonneg(e->a);
+}
+
+static LLVMValueRef ix_binop(gen_t *g, const kiln_expr_t *e, LLVMValueRef a,
+			     LLVMValueRef b)
+{
 	switch (e->kind) {
 	case KILN_EX_ADD: return LLVMBuildAdd(g->b, a, b, "");
 	case KILN_EX_SUB: return LLVMBuildSub(g->b, a, b, "");
 	case KILN_EX_MUL: return LLVMBuildMul(g->b, a, b, "");
-	case KILN_EX_FLOORDIV: return ifloordiv(g, a, b);
-	case KILN_EX_MOD: return imod(g, a, b);
+	case KILN_EX_FLOORDIV:
+		return ix_unsigned_div(e) ? LLVMBuildUDiv(g->b, a, b, "")
+					  : ifloordiv(g, a, b);
+	case KILN_EX_MOD:
+		return ix_unsigned_div(e) ? LLVMBuildURem(g->b, a, b, "")
+					  : imod(g, a, b);
 	case KILN_EX_MIN:
 		return LLVMBuildSelect(
 		    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, a, b, ""), a, b, "");
@@ -262,13 +284,29 @@ static LLVMValueRef emit_ix(gen_t *g, const kiln_expr_t *e)
 	}
 }
 
+/* Scalar i64 value of e, with the vectorized var at its base. */
+static LLVMValueRef emit_ix(gen_t *g, const kiln_expr_t *e)
+{
+	switch (e->kind) {
+	case KILN_EX_CONST: return LLVMConstInt(g->i64, (uint64_t)e->c, 1);
+	case KILN_EX_SYM: return sym_value(g, e->sym);
+	case KILN_EX_VAR: return g->var[e->sym];
+	case KILN_EX_NEG: return LLVMBuildNeg(g->b, emit_ix(g, e->a), "");
+	default: break;
+	}
+	LLVMValueRef a = emit_ix(g, e->a);
+	LLVMValueRef b = emit_ix(g, e->b);
+	return ix_binop(g, e, a, b);
+}
+
 /* Per-lane i64 values of e at width w (vector when it depends on the
- * vectorized var). */
+ * vectorized var): affine parts as base + lane·coef, the rest as vector
+ * operations on those (one vector op where per-lane scalar code would be
+ * w of them, which is what made O3 slow on convolution index math). */
 static LLVMValueRef emit_ix_w(gen_t *g, const kiln_expr_t *e, int w)
 {
-	LLVMValueRef base = emit_ix(g, e);
 	if (w <= 1 || g->vvar < 0 || !ix_uses_var(e, (uint32_t)g->vvar))
-		return cg_splat(g, base, w);
+		return cg_splat(g, emit_ix(g, e), w);
 	int64_t coef;
 	if (ix_coef(e, (uint32_t)g->vvar, &coef)) {
 		LLVMValueRef lanes = lane_ids(g, w);
@@ -278,20 +316,14 @@ static LLVMValueRef emit_ix_w(gen_t *g, const kiln_expr_t *e, int w)
 			    cg_splat(g, LLVMConstInt(g->i64, (uint64_t)coef, 1),
 				     w),
 			    "");
-		return LLVMBuildAdd(g->b, cg_splat(g, base, w), lanes, "");
+		return LLVMBuildAdd(g->b, cg_splat(g, emit_ix(g, e), w), lanes,
+				    "");
 	}
-	/* general: evaluate per lane */
-	LLVMValueRef saved = g->var[g->vvar];
-	LLVMValueRef v = LLVMGetUndef(LLVMVectorType(g->i64, (unsigned)w));
-	for (int l = 0; l < w; l++) {
-		g->var[g->vvar] = LLVMBuildAdd(
-		    g->b, saved, LLVMConstInt(g->i64, (uint64_t)l, 0), "");
-		v = LLVMBuildInsertElement(g->b, v, emit_ix(g, e),
-					   LLVMConstInt(g->i32, (uint64_t)l, 0),
-					   "");
-	}
-	g->var[g->vvar] = saved;
-	return v;
+	if (e->kind == KILN_EX_NEG)
+		return LLVMBuildNeg(g->b, emit_ix_w(g, e->a, w), "");
+	LLVMValueRef a = emit_ix_w(g, e->a, w);
+	LLVMValueRef b = emit_ix_w(g, e->b, w);
+	return ix_binop(g, e, a, b);
 }
 
 /* ---- loads and stores ---------------------------------------------------- */
@@ -2012,38 +2044,79 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	return 0;
 }
 
-int codegen_module(cctx_t *c, void *llvm_ctx, void *llvm_mod)
+static void gen_init(gen_t *g, cctx_t *c, void *llvm_ctx, void *llvm_mod)
 {
-	gen_t g;
-	memset(&g, 0, sizeof(g));
-	g.c = c;
-	g.ctx = llvm_ctx;
-	g.mod = llvm_mod;
-	g.b = LLVMCreateBuilderInContext(g.ctx);
-	g.i1 = LLVMInt1TypeInContext(g.ctx);
-	g.i8 = LLVMInt8TypeInContext(g.ctx);
-	g.i16 = LLVMInt16TypeInContext(g.ctx);
-	g.i32 = LLVMInt32TypeInContext(g.ctx);
-	g.i64 = LLVMInt64TypeInContext(g.ctx);
-	g.f16 = LLVMHalfTypeInContext(g.ctx);
-	g.f32 = LLVMFloatTypeInContext(g.ctx);
-	g.f64 = LLVMDoubleTypeInContext(g.ctx);
-	g.ptr = LLVMPointerTypeInContext(g.ctx, 0);
-	g.voidt = LLVMVoidTypeInContext(g.ctx);
-	g.use_libmvec = c->use_libmvec;
+	memset(g, 0, sizeof(*g));
+	g->c = c;
+	g->ctx = llvm_ctx;
+	g->mod = llvm_mod;
+	g->b = LLVMCreateBuilderInContext(g->ctx);
+	g->i1 = LLVMInt1TypeInContext(g->ctx);
+	g->i8 = LLVMInt8TypeInContext(g->ctx);
+	g->i16 = LLVMInt16TypeInContext(g->ctx);
+	g->i32 = LLVMInt32TypeInContext(g->ctx);
+	g->i64 = LLVMInt64TypeInContext(g->ctx);
+	g->f16 = LLVMHalfTypeInContext(g->ctx);
+	g->f32 = LLVMFloatTypeInContext(g->ctx);
+	g->f64 = LLVMDoubleTypeInContext(g->ctx);
+	g->ptr = LLVMPointerTypeInContext(g->ctx, 0);
+	g->voidt = LLVMVoidTypeInContext(g->ctx);
+	g->use_libmvec = c->use_libmvec;
 	/* a zeroed page that masked-off scalar loads read instead */
-	LLVMTypeRef zt = LLVMArrayType(g.i64, 8);
-	g.zero_page = LLVMAddGlobal(g.mod, zt, "kiln_zero_page");
-	LLVMSetInitializer(g.zero_page, LLVMConstNull(zt));
-	LLVMSetLinkage(g.zero_page, LLVMInternalLinkage);
-	LLVMSetGlobalConstant(g.zero_page, 1);
-	LLVMSetAlignment(g.zero_page, 64);
+	LLVMTypeRef zt = LLVMArrayType(g->i64, 8);
+	g->zero_page = LLVMAddGlobal(g->mod, zt, "kiln_zero_page");
+	LLVMSetInitializer(g->zero_page, LLVMConstNull(zt));
+	LLVMSetLinkage(g->zero_page, LLVMInternalLinkage);
+	LLVMSetGlobalConstant(g->zero_page, 1);
+	LLVMSetAlignment(g->zero_page, 64);
+}
+
+static void gen_fini(gen_t *g)
+{
+	free(g->memo.key);
+	free(g->memo.val);
+	LLVMDisposeBuilder(g->b);
+}
+
+/* IR instructions in the functions after `after` (NULL: all). */
+static uint64_t funcs_size(LLVMModuleRef m, LLVMValueRef after)
+{
+	uint64_t n = 0;
+	for (LLVMValueRef f = after ? LLVMGetNextFunction(after)
+				    : LLVMGetFirstFunction(m);
+	     f != NULL; f = LLVMGetNextFunction(f))
+		for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f);
+		     bb != NULL; bb = LLVMGetNextBasicBlock(bb))
+			for (LLVMValueRef in = LLVMGetFirstInstruction(bb);
+			     in != NULL; in = LLVMGetNextInstruction(in))
+				n++;
+	return n;
+}
+
+int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
+{
+	gen_t g[CPU_PAR_MAX];
+	uint64_t size[CPU_PAR_MAX];
+	if (n < 1 || n > CPU_PAR_MAX)
+		return cir_err(c, KILN_EINTERNAL, "codegen: %d modules", n);
+	for (int p = 0; p < n; p++) {
+		gen_init(&g[p], c, llvm_ctx[p], llvm_mod[p]);
+		size[p] = 0;
+	}
 	int rc = 0;
-	for (uint32_t i = 0; i < c->n_kernels && rc == 0; i++)
-		if (!c->kernels[i].is_fallback)
-			rc = gen_kernel(&g, &c->kernels[i]);
-	free(g.memo.key);
-	free(g.memo.val);
-	LLVMDisposeBuilder(g.b);
+	for (uint32_t i = 0; i < c->n_kernels && rc == 0; i++) {
+		if (c->kernels[i].is_fallback)
+			continue;
+		int p = 0;
+		for (int q = 1; q < n; q++)
+			if (size[q] < size[p])
+				p = q;
+		LLVMValueRef last = LLVMGetLastFunction(g[p].mod);
+		rc = gen_kernel(&g[p], &c->kernels[i]);
+		if (n > 1)
+			size[p] += funcs_size(g[p].mod, last);
+	}
+	for (int p = 0; p < n; p++)
+		gen_fini(&g[p]);
 	return rc;
 }

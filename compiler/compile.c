@@ -2,9 +2,12 @@
  * compile.c — the driver: graph → lower → outputs → schedule → LLVM →
  * object → .so → memory plan → artifact.
  *
- * A kiln_compiler_t owns one LLVM TargetMachine and is used by one thread at
- * a time; each compile creates and disposes its own LLVMContext, so two
- * compilers on two threads share no LLVM state.
+ * A kiln_compiler_t owns its LLVM TargetMachines and is used by one thread
+ * at a time. A compile splits its kernels over up to compile_threads()
+ * modules, each in an LLVMContext of its own, and optimizes and emits them
+ * on that many threads (one TargetMachine each); the objects are linked into
+ * one .so. Nothing LLVM is shared between threads, within a compile or
+ * between two compilers.
  */
 #include "compiler/cpu.h"
 #include "compiler/lower.h"
@@ -12,6 +15,8 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <llvm-c/Core.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -679,6 +684,46 @@ static void cctx_free(cctx_t *c)
 	kiln_arena_free(c->arena);
 }
 
+/* Threads a compile optimizes and emits on: KILN_COMPILE_THREADS (1 to
+ * CPU_PAR_MAX), else the CPUs this process may run on, at most 4. */
+static int compile_threads(void)
+{
+	const char *env = getenv("KILN_COMPILE_THREADS");
+	if (env != NULL && env[0] != '\0') {
+		int n = atoi(env);
+		return n < 1 ? 1 : n > CPU_PAR_MAX ? CPU_PAR_MAX : n;
+	}
+	cpu_set_t set;
+	int n =
+	    sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+	return n < 1 ? 1 : n > 4 ? 4 : n;
+}
+
+/* One module's share of a compile: O3 then the object, on one thread. */
+typedef struct part {
+	cpu_target_t *cpu;
+	LLVMTargetMachineRef tm;
+	LLVMContextRef ctx;
+	LLVMModuleRef mod;
+	uint8_t *obj;
+	size_t objlen;
+	double opt_ms;
+	int rc;
+	char err[512];
+} part_t;
+
+static void *part_run(void *arg)
+{
+	part_t *p = arg;
+	double t0 = kiln__now_ms();
+	p->rc = cpu_optimize(p->cpu, p->tm, p->mod, p->err, sizeof(p->err));
+	p->opt_ms = kiln__now_ms() - t0;
+	if (p->rc == 0)
+		p->rc = cpu_emit(p->tm, p->mod, false, &p->obj, &p->objlen,
+				 p->err, sizeof(p->err));
+	return NULL;
+}
+
 int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		    const kiln_compile_opts_t *opts, kiln_artifact_t **out,
 		    char **text, int emit, kiln_compile_stats_t *st, char *err,
@@ -718,45 +763,90 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		return *text ? 0 : -ENOMEM;
 	}
 	double t1 = kiln__now_ms();
-	LLVMContextRef ctx = LLVMContextCreate();
-	LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("kiln", ctx);
-	cpu_prepare_module(&kc->cpu, mod);
-	rc = codegen_module(&c, ctx, mod);
+	/* one module per compile thread (text output: one) */
+	int np = emit == KILN_EMIT_ARTIFACT ? compile_threads() : 1;
+	if ((uint32_t)np > st->n_kernels)
+		np = st->n_kernels > 0 ? (int)st->n_kernels : 1;
+	for (int p = 1; p < np; p++)
+		if (cpu_tm(&kc->cpu, p) == NULL)
+			np = p;
+	part_t parts[CPU_PAR_MAX];
+	void *ctxs[CPU_PAR_MAX], *mods[CPU_PAR_MAX];
+	memset(parts, 0, sizeof(parts));
+	for (int p = 0; p < np; p++) {
+		parts[p].cpu = &kc->cpu;
+		parts[p].tm = cpu_tm(&kc->cpu, p);
+		parts[p].ctx = LLVMContextCreate();
+		parts[p].mod =
+		    LLVMModuleCreateWithNameInContext("kiln", parts[p].ctx);
+		cpu_prepare_module(&kc->cpu, parts[p].mod);
+		ctxs[p] = parts[p].ctx;
+		mods[p] = parts[p].mod;
+	}
+	rc = codegen_modules(&c, np, ctxs, mods);
 	double t2 = kiln__now_ms();
 	st->codegen_ms = t2 - t1;
 	if (rc == 0 && emit == KILN_EMIT_LLVM_RAW) {
-		*text = LLVMPrintModuleToString(mod);
+		*text = LLVMPrintModuleToString(parts[0].mod);
 		char *copy = *text ? strdup(*text) : NULL;
 		LLVMDisposeMessage(*text);
 		*text = copy;
 		goto done;
 	}
-	if (rc == 0)
-		rc = cpu_optimize(&kc->cpu, mod, err, errlen);
-	double t3 = kiln__now_ms();
-	st->opt_ms = t3 - t2;
-	if (rc == 0 && emit == KILN_EMIT_LLVM) {
-		char *s = LLVMPrintModuleToString(mod);
-		*text = s ? strdup(s) : NULL;
-		LLVMDisposeMessage(s);
+	if (rc == 0 && (emit == KILN_EMIT_LLVM || emit == KILN_EMIT_ASM)) {
+		rc = cpu_optimize(&kc->cpu, parts[0].tm, parts[0].mod, err,
+				  errlen);
+		double t3 = kiln__now_ms();
+		st->opt_ms = t3 - t2;
+		if (rc == 0 && emit == KILN_EMIT_LLVM) {
+			char *s = LLVMPrintModuleToString(parts[0].mod);
+			*text = s ? strdup(s) : NULL;
+			LLVMDisposeMessage(s);
+		} else if (rc == 0) {
+			uint8_t *obj = NULL;
+			size_t objlen = 0;
+			rc = cpu_emit(parts[0].tm, parts[0].mod, true, &obj,
+				      &objlen, err, errlen);
+			*text = (char *)obj;
+			st->emit_ms = kiln__now_ms() - t3;
+		}
 		goto done;
 	}
-	uint8_t *obj = NULL, *so = NULL;
-	size_t objlen = 0, solen = 0;
+	/* optimize and emit: parts 1.. on helper threads, part 0 here */
+	pthread_t th[CPU_PAR_MAX];
+	bool started[CPU_PAR_MAX] = {false};
+	for (int p = 1; p < np && rc == 0; p++)
+		started[p] =
+		    pthread_create(&th[p], NULL, part_run, &parts[p]) == 0;
 	if (rc == 0)
-		rc = cpu_emit(&kc->cpu, mod, emit == KILN_EMIT_ASM, &obj,
-			      &objlen, err, errlen);
+		part_run(&parts[0]);
+	for (int p = 1; p < np && rc == 0; p++) {
+		if (started[p])
+			pthread_join(th[p], NULL);
+		else
+			part_run(&parts[p]);
+	}
 	double t4 = kiln__now_ms();
-	st->emit_ms = t4 - t3;
-	if (rc == 0 && emit == KILN_EMIT_ASM) {
-		*text = (char *)obj;
-		goto done;
+	uint8_t *objs[CPU_PAR_MAX];
+	size_t lens[CPU_PAR_MAX];
+	for (int p = 0; p < np && rc == 0; p++) {
+		if (parts[p].opt_ms > st->opt_ms)
+			st->opt_ms = parts[p].opt_ms;
+		if (parts[p].rc != 0) {
+			rc = parts[p].rc;
+			snprintf(err, errlen, "%s", parts[p].err);
+		}
+		objs[p] = parts[p].obj;
+		lens[p] = parts[p].objlen;
 	}
+	st->emit_ms = t4 - t2 - st->opt_ms;
+	uint8_t *so = NULL;
+	size_t solen = 0;
 	if (rc == 0)
-		rc = cpu_link(&kc->cpu, obj, objlen, &so, &solen, err, errlen);
+		rc = cpu_link(&kc->cpu, np, objs, lens, &so, &solen, err,
+			      errlen);
 	double t5 = kiln__now_ms();
 	st->link_ms = t5 - t4;
-	free(obj);
 	if (rc == 0)
 		rc = build_artifact(&c, &kc->cpu, outs, so, solen, out);
 	if (rc == 0 && *out != NULL) {
@@ -769,8 +859,11 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 	}
 	free(so);
 done:
-	LLVMDisposeModule(mod);
-	LLVMContextDispose(ctx);
+	for (int p = 0; p < np; p++) {
+		free(parts[p].obj);
+		LLVMDisposeModule(parts[p].mod);
+		LLVMContextDispose(parts[p].ctx);
+	}
 	cctx_free(&c);
 	st->total_ms = kiln__now_ms() - t0;
 	return rc;

@@ -188,8 +188,34 @@ int cpu_target_init(cpu_target_t *t, const kiln_target_t *want, char *err,
 	return 0;
 }
 
+LLVMTargetMachineRef cpu_tm(cpu_target_t *t, int i)
+{
+	if (i == 0)
+		return t->tm;
+	if (i < 0 || i >= CPU_PAR_MAX)
+		return NULL;
+	if (t->par_tm[i] == NULL) {
+		LLVMTargetRef target;
+		char *msg = NULL;
+		if (LLVMGetTargetFromTriple(t->triple, &target, &msg) != 0) {
+			LLVMDisposeMessage(msg);
+			return NULL;
+		}
+		t->par_tm[i] = LLVMCreateTargetMachine(
+		    target, t->triple, t->cpu, t->target.features,
+		    LLVMCodeGenLevelAggressive, LLVMRelocPIC,
+		    LLVMCodeModelDefault);
+	}
+	return t->par_tm[i];
+}
+
 void cpu_target_free(cpu_target_t *t)
 {
+	for (int i = 1; i < CPU_PAR_MAX; i++) {
+		if (t->par_tm[i] != NULL)
+			LLVMDisposeTargetMachine(t->par_tm[i]);
+		t->par_tm[i] = NULL;
+	}
 	if (t->tm != NULL)
 		LLVMDisposeTargetMachine(t->tm);
 	t->tm = NULL;
@@ -205,8 +231,10 @@ void cpu_prepare_module(cpu_target_t *t, LLVMModuleRef m)
 	LLVMDisposeTargetData(td);
 }
 
-int cpu_optimize(cpu_target_t *t, LLVMModuleRef m, char *err, size_t errlen)
+int cpu_optimize(cpu_target_t *t, LLVMTargetMachineRef tm, LLVMModuleRef m,
+		 char *err, size_t errlen)
 {
+	(void)t;
 	char *msg = NULL;
 	if (LLVMVerifyModule(m, LLVMReturnStatusAction, &msg) != 0) {
 		int rc = kiln__errf(err, errlen, KILN_ECOMPILE,
@@ -226,7 +254,7 @@ int cpu_optimize(cpu_target_t *t, LLVMModuleRef m, char *err, size_t errlen)
 	const char *ur = getenv("KILN_LLVM_UNROLL");
 	if (ur != NULL)
 		LLVMPassBuilderOptionsSetLoopUnrolling(o, ur[0] == '1');
-	LLVMErrorRef e = LLVMRunPasses(m, "default<O3>", t->tm, o);
+	LLVMErrorRef e = LLVMRunPasses(m, "default<O3>", tm, o);
 	LLVMDisposePassBuilderOptions(o);
 	if (e != NULL) {
 		char *em = LLVMGetErrorMessage(e);
@@ -238,13 +266,13 @@ int cpu_optimize(cpu_target_t *t, LLVMModuleRef m, char *err, size_t errlen)
 	return 0;
 }
 
-int cpu_emit(cpu_target_t *t, LLVMModuleRef m, bool assembly, uint8_t **out,
-	     size_t *len, char *err, size_t errlen)
+int cpu_emit(LLVMTargetMachineRef tm, LLVMModuleRef m, bool assembly,
+	     uint8_t **out, size_t *len, char *err, size_t errlen)
 {
 	char *msg = NULL;
 	LLVMMemoryBufferRef buf = NULL;
 	if (LLVMTargetMachineEmitToMemoryBuffer(
-		t->tm, m, assembly ? LLVMAssemblyFile : LLVMObjectFile, &msg,
+		tm, m, assembly ? LLVMAssemblyFile : LLVMObjectFile, &msg,
 		&buf) != 0) {
 		int rc = kiln__errf(err, errlen, KILN_ECOMPILE,
 				    "LLVM codegen: %.400s", msg ? msg : "?");
@@ -320,8 +348,8 @@ static int read_file(const char *path, uint8_t **out, size_t *len)
 	return 0;
 }
 
-int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
-	     size_t *solen, char *err, size_t errlen)
+int cpu_link(cpu_target_t *t, int n, uint8_t *const *objs, const size_t *lens,
+	     uint8_t **so, size_t *solen, char *err, size_t errlen)
 {
 	const char *tmp = getenv("TMPDIR");
 	char dir[512];
@@ -331,11 +359,18 @@ int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
 		return kiln__errf(err, errlen, -errno,
 				  "link: cannot create a temp dir: %s",
 				  strerror(errno));
-	char o[600], s[600], log[600];
-	snprintf(o, sizeof(o), "%s/k.o", dir);
+	if (n < 1 || n > CPU_PAR_MAX)
+		return kiln__errf(err, errlen, KILN_EINTERNAL,
+				  "link: %d objects", n);
+	char o[CPU_PAR_MAX][600], s[600], log[600];
 	snprintf(s, sizeof(s), "%s/k.so", dir);
 	snprintf(log, sizeof(log), "%s/ld.log", dir);
-	int rc = write_file(o, obj, objlen);
+	int rc = 0, written = 0;
+	for (; written < n && rc == 0; written++) {
+		snprintf(o[written], sizeof(o[written]), "%s/k%d.o", dir,
+			 written);
+		rc = write_file(o[written], objs[written], lens[written]);
+	}
 	if (rc != 0) {
 		kiln__errf(err, errlen, rc, "link: writing the object: %s",
 			   strerror(-rc));
@@ -344,7 +379,7 @@ int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
 	const char *libm = access("/lib/x86_64-linux-gnu/libm.so.6", R_OK) == 0
 			       ? "/lib/x86_64-linux-gnu/libm.so.6"
 			       : NULL;
-	char *argv[16];
+	char *argv[16 + CPU_PAR_MAX];
 	int ac = 0;
 	argv[ac++] = t->linker;
 	argv[ac++] = "-shared";
@@ -353,7 +388,8 @@ int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
 	argv[ac++] = "noexecstack";
 	argv[ac++] = "-o";
 	argv[ac++] = s;
-	argv[ac++] = o;
+	for (int i = 0; i < n; i++)
+		argv[ac++] = o[i];
 	if (libm != NULL)
 		argv[ac++] = (char *)libm;
 	if (t->libmvec[0] != '\0')
@@ -391,7 +427,8 @@ int cpu_link(cpu_target_t *t, const uint8_t *obj, size_t objlen, uint8_t **so,
 		kiln__errf(err, errlen, rc, "link: reading the .so: %s",
 			   strerror(-rc));
 out:
-	unlink(o);
+	for (int i = 0; i < written; i++)
+		unlink(o[i]);
 	unlink(s);
 	unlink(log);
 	rmdir(dir);

@@ -25,6 +25,9 @@ _TORCH = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
           "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8, "bool": torch.bool}
 _CODE = {v: i for i, v in enumerate(_DTYPES)}
 _FROM_TORCH = {v: k for k, v in _TORCH.items()}
+_empty = torch.empty
+_empty_strided = torch.empty_strided
+_u8 = torch.uint8
 MAX_RANK = 16
 
 
@@ -282,47 +285,62 @@ class Module:
     # (every step of a training loop) only writes the data pointers,
     # allocates and runs -- the layout is still compared input by input, so
     # a tensor that differs takes the full path and libkiln checks it.
+    #
+    # The fast path writes the data pointers through int64 views of the
+    # argument arrays (no ctypes wrapper objects), allocates an out buffer
+    # that holds exactly one output directly as that output (empty_strided:
+    # no uint8 buffer, no view), and returns it as is.
     def __call__(self, *args):
-        if len(args) != self.n_in:
-            raise KilnError(f"expected {self.n_in} inputs, got {len(args)}")
         tl = self._tls
         st = getattr(tl, "st", None)
         if st is None:
             st = tl.st = _CallState(self)
-        ins = st.ins
         lay = st.layout
-        fast = lay is not None
+        fast = lay is not None and len(args) == len(lay)
         if fast:
+            dp = st.dp
+            di = st.di
             for i, a in enumerate(args):
                 want = lay[i]
                 if type(want) is tuple:
                     if a.shape != want[0] or a.dtype is not want[2] or a.stride() != want[1]:
                         fast = False
                         break
-                    ins[i].t.data = a.data_ptr()
+                    dp[di[i]] = a.data_ptr()
                 elif a != want:
                     fast = False
                     break
         if not fast:
+            if len(args) != self.n_in:
+                raise KilnError(f"expected {self.n_in} inputs, got {len(args)}")
             self._fill(args, st)
-        bufs = [torch.empty(n, dtype=torch.uint8) for n in st.sizes]
-        ptrs = st.ptrs
+        makers = st.makers
+        if makers is None:
+            bufs = [torch.empty(n, dtype=torch.uint8) for n in st.sizes]
+        else:
+            bufs = [_empty_strided(m[0], m[1], dtype=m[2]) if m[3] else _empty(m[0], dtype=_u8)
+                    for m in makers]
+        pp = st.pp
         for k, b in enumerate(bufs):
-            ptrs[k] = b.data_ptr()
+            pp[k] = b.data_ptr()
         outs = st.outs
         self._error = None
-        rc = _lib.kiln_module_run(self._h, ins, self.n_in, ptrs, outs, self._opts, st.err, 1024)
+        rc = _lib.kiln_module_run(self._h, st.ins, self.n_in, st.ptrs, outs, self._opts,
+                                  st.err, 1024)
         if rc != 0:
             st.layout = None
             raise KilnError(st.err.value.decode(), code=_lib.kiln_err_wire_name(rc).decode(),
                             rc=rc) from self._error
         where = st.where
-        if where is None:
-            where = st.where = self._locate(args, bufs, outs)
+        first = where is None
+        if first:
+            where = self._locate(args, bufs, outs)
         result = []
         for w in where:
             kind = w[0]
-            if kind == 0:    # in out buffer b: (0, b, dtype, sizes, strides, offset)
+            if kind == 4:    # the whole out buffer b, made as this output: (4, b)
+                result.append(bufs[w[1]])
+            elif kind == 0:  # in out buffer b: (0, b, dtype, sizes, strides, offset)
                 result.append(bufs[w[1]].view(w[2]).as_strided(w[3], w[4], w[5]))
             elif kind == 1:  # an int
                 result.append(w[1])
@@ -331,9 +349,36 @@ class Module:
                 result.append(a.as_strided(w[3], w[4], a.storage_offset() + w[5]))
             else:            # empty: (3, dtype, sizes)
                 result.append(torch.empty(w[2], dtype=w[1]))
+        if first:
+            st.makers, st.where = self._makers(where, st.sizes)
         for pos in self.none_outputs:
             result.insert(pos, None)
         return result
+
+    def _makers(self, where, sizes):
+        """How the fast path allocates each out buffer: (sizes, strides,
+        dtype, True) where exactly one output lives in it, at offset 0, and
+        its strided span covers the buffer; else (nbytes, None, None,
+        False). Returns them with ``where`` for the next calls, where the
+        outputs of such buffers are (4, b)."""
+        where = list(where)
+        count = [0] * len(sizes)
+        for w in where:
+            if w[0] == 0:
+                count[w[1]] += 1
+        makers = [(n, None, None, False) for n in sizes]
+        for j, w in enumerate(where):
+            if w[0] != 0 or count[w[1]] != 1 or w[5] != 0:
+                continue
+            b, dt, sz, strd = w[1], w[2], w[3], w[4]
+            if any(x < 0 for x in strd):
+                continue
+            span = 1 + sum((n - 1) * x for n, x in zip(sz, strd))
+            if (span * dt.itemsize + 7) // 8 * 8 < sizes[b]:
+                continue
+            makers[b] = (sz, strd, dt, True)
+            where[j] = (4, b)
+        return makers, where
 
     def _fill(self, args, st):
         """The full path: every input written, checked by libkiln, the
@@ -363,6 +408,7 @@ class Module:
                 lay.append(int(a))
         st.layout = None
         st.where = None
+        st.makers = None
         sizes = (ctypes.c_size_t * max(self.n_ob, 1))()
         rc = _lib.kiln_module_out_sizes(self._h, ins, self.n_in, sizes, st.err, 1024)
         if rc != 0:
@@ -496,10 +542,20 @@ class _CallState:
     """One thread's reusable call arrays and layout cache for a Module."""
 
     def __init__(self, m):
-        self.ins = (IO * max(m.n_in, 1))()
+        n_in, n_ob = max(m.n_in, 1), max(m.n_ob, 1)
+        # the argument arrays live in bytearrays, so that the fast path
+        # writes pointers through int64 memoryviews of the same bytes
+        self._inb = bytearray(ctypes.sizeof(IO) * n_in)
+        self.ins = (IO * n_in).from_buffer(self._inb)
+        self.dp = memoryview(self._inb).cast("q")
+        off = IO.t.offset + Tensor.data.offset
+        self.di = [(i * ctypes.sizeof(IO) + off) // 8 for i in range(n_in)]
+        self._pb = bytearray(8 * n_ob)
+        self.ptrs = (ctypes.c_void_p * n_ob).from_buffer(self._pb)
+        self.pp = memoryview(self._pb).cast("Q")
         self.outs = (IO * max(m.n_out, 1))()
-        self.ptrs = (ctypes.c_void_p * max(m.n_ob, 1))()
         self.err = ctypes.create_string_buffer(1024)
         self.layout = None
         self.sizes = []
         self.where = None
+        self.makers = None

@@ -477,6 +477,38 @@ int low_threshold_backward(cctx_t *c, lnode_t *n)
 	    n, 0, lt_fn(c, odt, r, sizes, sx_where(c, le, sxf(c, 0, odt), gb)));
 }
 
+/* hardtanh_backward: grad where min_val < x < max_val, else 0 (a NaN x keeps
+ * the gradient, as in torch: the mask is (x <= min) | (x >= max)). */
+int low_hardtanh_backward(cctx_t *c, lnode_t *n)
+{
+	lt_t *g, *x;
+	double lo, hi;
+	int rc = ltensor(n, 0, "grad_output", &g);
+	if (rc == 0)
+		rc = ltensor(n, 1, "self", &x);
+	if (rc == 0)
+		rc = lfloat(n, 2, "min_val", -1.0, &lo);
+	if (rc == 0)
+		rc = lfloat(n, 3, "max_val", 1.0, &hi);
+	if (rc != 0)
+		return rc;
+	kiln_dtype_t odt = decl_dt(n, 0, g->dtype);
+	operand_t ops[2] = {{NULL, g}, {NULL, x}};
+	uint32_t r;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lbroadcast(n, ops, 2, &r, sizes);
+	if (rc != 0)
+		return rc;
+	const sx_t *xb = lt_bcast_body(c, x, r, sizes);
+	const sx_t *gb = sx_cast(c, lt_bcast_body(c, g, r, sizes), odt);
+	const sx_t *out =
+	    sx_bin(c, OP_OR, sx_bin(c, OP_LE, xb, sxf(c, lo, x->dtype)),
+		   sx_bin(c, OP_GE, xb, sxf(c, hi, x->dtype)));
+	return lset(
+	    n, 0,
+	    lt_fn(c, odt, r, sizes, sx_where(c, out, sxf(c, 0, odt), gb)));
+}
+
 /* grad · f(out) for sigmoid (out(1-out)) and tanh (1-out²). */
 static int act_backward(cctx_t *c, lnode_t *n, int which)
 {

@@ -871,6 +871,7 @@ static const opdef_t optab[] = {
     {"aten.lerp.Scalar", kiln__op_lerp, 0},
     {"aten.lerp.Tensor", kiln__op_lerp, 0},
     {"aten.threshold_backward.default", kiln__op_pw_backward, T_THRESH_BW},
+    {"aten.hardtanh_backward.default", kiln__op_pw_backward, T_HARDTANH_BW},
     {"aten.gelu_backward.default", kiln__op_pw_backward, T_GELU_BW},
     {"aten.sigmoid_backward.default", kiln__op_pw_backward, T_SIGMOID_BW},
     {"aten.tanh_backward.default", kiln__op_pw_backward, T_TANH_BW},

@@ -176,6 +176,7 @@ static double pw_f(pw_t *pw, const double *x)
 		return fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1 - w);
 	}
 	case T_THRESH_BW: return b <= pw->p[0] ? 0 : a;
+	case T_HARDTANH_BW: return b <= pw->p[0] || b >= pw->p[1] ? 0 : a;
 	case T_GELU_BW: return gelu_bw(a, b, pw->p[0] != 0);
 	case T_SIGMOID_BW: return a * (1 - b) * b;
 	case T_TANH_BW: return a * (1 - b * b);
@@ -276,6 +277,8 @@ static int64_t pw_i(pw_t *pw, const int64_t *x)
 		return r;
 	}
 	case T_THRESH_BW: return (double)b <= pw->p[0] ? 0 : a;
+	case T_HARDTANH_BW:
+		return (double)b <= pw->p[0] || (double)b >= pw->p[1] ? 0 : a;
 	default: return 0;
 	}
 }
@@ -612,19 +615,26 @@ int kiln__op_lerp(ictx_t *c, int code)
 	return rc;
 }
 
-/* threshold_backward, gelu_backward, sigmoid_backward, tanh_backward */
+/* threshold_backward, hardtanh_backward, gelu_backward, sigmoid_backward,
+ * tanh_backward */
 int kiln__op_pw_backward(ictx_t *c, int code)
 {
 	it_t *g, *x;
 	pw_t pw = {.code = code};
 	KI_TRY(kiln__i_tensor(c, 0, "grad_output", &g));
-	KI_TRY(kiln__i_tensor(
-	    c, 1, code == T_THRESH_BW || code == T_GELU_BW ? "self" : "output",
-	    &x));
+	KI_TRY(kiln__i_tensor(c, 1,
+			      code == T_THRESH_BW || code == T_HARDTANH_BW ||
+				      code == T_GELU_BW
+				  ? "self"
+				  : "output",
+			      &x));
 	it_t *ops[2] = {g, x};
 	kiln_dtype_t ct = kiln__i_result_type(ops, 2);
 	if (code == T_THRESH_BW) {
 		KI_TRY(kiln__i_num(c, 2, "threshold", true, 0, &pw.p[0]));
+	} else if (code == T_HARDTANH_BW) {
+		KI_TRY(kiln__i_num(c, 2, "min_val", false, -1, &pw.p[0]));
+		KI_TRY(kiln__i_num(c, 3, "max_val", false, 1, &pw.p[1]));
 	} else if (!ki_isf(ct)) {
 		return kiln__i_bad(c, "takes floating tensors");
 	}

@@ -610,6 +610,12 @@ def build_norms():
     op = "tanh_backward"
     case(op, "f32", A.tanh_backward.default, U(3, 4), torch.tanh(U(3, 4)))
     case(op, "bf16", A.tanh_backward.default, U(5, dt=bf16), torch.tanh(U(5, dt=bf16)))
+    seed("hardtanh_backward")
+    op = "hardtanh_backward"
+    case(op, "relu6", lambda g, x: A.hardtanh_backward.default(g, x, 0.0, 6.0), U(3, 4), U(3, 4, lo=-2, hi=8))
+    case(op, "bounds", lambda g, x: A.hardtanh_backward.default(g, x, -1.0, 1.0), U(2, 3),
+         torch.tensor([[-1.0, 1.0, 0.5], [-2.0, float("nan"), 0.0]]))
+    case(op, "bcast", lambda g, x: A.hardtanh_backward.default(g, x, -0.5, 0.5), U(3, 4), U(4))
 
 
 def build_views():

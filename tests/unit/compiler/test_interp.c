@@ -190,6 +190,7 @@ static const pname_t op_files[] = {
     {"tanh"},
     {"tanh_backward"},
     {"threshold_backward"},
+    {"hardtanh_backward"},
     {"transpose"},
     {"tril"},
     {"triu"},

@@ -199,26 +199,25 @@ def test_inference_matches_eager(name):
     _no_fallback()
 
 
-# mobilenet_v2 (width 0.5, batch 4, 64x64) training: kiln's gradient of
-# features.18.0.weight is 14% from the f64 one at step 1, eager's 3e-5.
-# Traced: each graph alone matches eager ATen on the same inputs; replacing
-# one forward output (clone_34, the BatchNorm output before the last ReLU6)
-# by eager's removes the gap; the two differ by <= 1.1e-4 (f32 rounding),
-# but one element sits at 2e-5 from ReLU6's kink (kiln +2.4e-5, eager
-# -2.0e-5), in a channel of near-zero batch variance, so the mask flips and
-# 1/sqrt(var+eps) amplifies it. Both are valid f32 answers; the bound above
-# cannot express a kink. Other shapes (8x3x64x64, 4x3x128x128) fail too
-# (losses 0.3-0.5% apart); those were not traced. Kept visible as xfail.
-_TRAIN_XFAIL = {"mobilenet_v2": "an activation at a ReLU6 kink in a low-variance "
-                "BatchNorm channel flips the gradient mask (see comment)"}
+# mobilenet_v2 (width 0.5, batch 4, 64x64) trains in f64 here. In f32 its
+# five-step trajectory is chaotic for every backend: an activation 2e-5 from
+# ReLU6's kink in a BatchNorm channel of near-zero batch variance flips its
+# gradient mask on f32 rounding, and 1/sqrt(var+eps) amplifies the flip
+# (traced in kiln: each graph alone matches eager ATen; eager's own f32
+# losses leave the f64 ones by 30% at step 4). Inductor fails the f32 check
+# below the same way (measured: 101 of 158 parameters off after 5 SGD
+# steps). In f64 the rounding is 1e-16 and no mask flips, so kiln's training
+# graphs are checked against eager's to the tolerances below (measured: 5-step
+# losses equal to 1e-11, parameters to 7e-7 relative).
+_TRAIN_F64 = {"mobilenet_v2"}
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=_TRAIN_XFAIL[n], strict=False))
-    if n in _TRAIN_XFAIL else n for n in MODELS])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_five_training_steps_match_eager(name, opt_name):
     model, args = MODELS[name]()
+    if name in _TRAIN_F64:
+        model, args = model.double(), _f64(args)
     ref = copy.deepcopy(model)
     exact = copy.deepcopy(model).double()
     eager = _train(ref, args, opt_name, 5, compiled=False)

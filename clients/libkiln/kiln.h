@@ -187,6 +187,15 @@ typedef int (*kiln_fallback_fn)(void *user, const kiln_artifact_t *a,
 				uint32_t step_index, const kiln_tensor_t *views,
 				char *err, size_t errlen);
 
+/*
+ * During a fallback callback, the values of the artifact's symbols bound for
+ * the run that called it (syms[i] is the i-th entry of a->symbols), for a
+ * step whose arguments hold {"sym": expr}; *n gets the count. NULL (and *n
+ * 0) on a thread that is not inside a fallback callback. The array is valid
+ * during the callback only.
+ */
+const int64_t *kiln_fallback_syms(uint32_t *n);
+
 typedef struct kiln_run_opts {
 	kiln_pool_t *pool;	   /* NULL: kiln_pool_default() */
 	kiln_fallback_fn fallback; /* NULL: a fallback step fails the run */

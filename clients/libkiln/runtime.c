@@ -727,6 +727,17 @@ static void kernel_range(void *ctx, int64_t b, int64_t e)
 	k->fn(k->argv, k->syms, b, e);
 }
 
+/* The symbols of the run whose fallback callback this thread is in. */
+static _Thread_local const int64_t *tl_fb_syms;
+static _Thread_local uint32_t tl_fb_nsyms;
+
+const int64_t *kiln_fallback_syms(uint32_t *n)
+{
+	if (n != NULL)
+		*n = tl_fb_syms != NULL ? tl_fb_nsyms : 0;
+	return tl_fb_syms;
+}
+
 static int run_fallback(kiln_module_t *m, exec_t *x, uint32_t s,
 			const kiln_run_opts_t *opts, char *err, size_t errlen)
 {
@@ -738,8 +749,14 @@ static int run_fallback(kiln_module_t *m, exec_t *x, uint32_t s,
 				  s, st->op, (int)st->node);
 	char cb_err[512] = "";
 	count(&m->fallbacks);
+	const int64_t *saved = tl_fb_syms;
+	uint32_t saved_n = tl_fb_nsyms;
+	tl_fb_syms = x->syms;
+	tl_fb_nsyms = m->a->n_symbols;
 	int rc = opts->fallback(opts->fallback_user, m->a, s, x->views, cb_err,
 				sizeof(cb_err));
+	tl_fb_syms = saved;
+	tl_fb_nsyms = saved_n;
 	if (rc == 0)
 		return 0;
 	return kiln__errf(err, errlen, rc < 0 ? rc : KILN_EINTERNAL,

@@ -286,20 +286,45 @@ def test_a_graph_without_kernels_runs_as_its_aten_graph(daemons):
     assert rec["source"] in ("compiled", "memory")
 
 
-def test_a_symbolic_argument_to_a_torch_op_falls_back(daemons, monkeypatch):
+def test_a_symbolic_argument_to_a_torch_op_runs(daemons):
     """kilnd generalizes the second eval() layer of another size: the fused
-    op's embed_dim becomes a symbol, which a fallback step cannot bind;
-    the graph falls back (one warning) and the result is right."""
+    op's embed_dim becomes a symbol, which the fallback step binds from the
+    run's symbols (kiln_fallback_syms); the kernels after it run in kiln, no
+    graph falls back, and the results are right at both sizes."""
     import kiln.backend as kb
     daemons.use(daemons.start("sym"))
-    monkeypatch.setenv("KILN_FALLBACK", "eager")
+    sym_steps = 0
     for d_model in (32, 48):
         torch._dynamo.reset()
         torch.manual_seed(0)
         layer = nn.TransformerEncoderLayer(d_model=d_model, nhead=4, dim_feedforward=64,
                                            dropout=0.0, batch_first=True).eval()
+
+        def f(x):
+            return layer(x) * 2 + 1
         x = torch.randn(2, 8, d_model)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", kb.KilnWarning)
+            warnings.simplefilter("error", kb.KilnWarning)
             with torch.no_grad():
-                torch.testing.assert_close(torch.compile(layer, backend="kiln")(x), layer(x))
+                torch.testing.assert_close(torch.compile(f, backend="kiln")(x), f(x))
+        rec = kb.records()[-1]
+        assert rec["kernels"] and "aten._transformer_encoder_layer_fwd.default" in \
+            rec["fallback_ops"], rec
+        mod = kb._state.modules[next(reversed(kb._state.modules))][0]
+        sym_steps += sum(1 for st in mod._steps if st.get("kind") == "fallback"
+                         and "'sym'" in repr(st.get("args")))
+    assert kb.stats()["fallback"] == 0, kb.records()
+    assert sym_steps >= 1, "kilnd did not generalize the second graph"
+
+
+def test_symbolic_expressions_evaluate_as_python_ints():
+    from kiln.runtime import KilnError, eval_expr
+    env = {"s0": 7, "s1": 3}
+    assert eval_expr("s0", env) == 7
+    assert eval_expr("(s0 - 1)//2 + 1", env) == 4
+    assert eval_expr("-s0 // 2", env) == -4 and eval_expr("-s0 % 3", env) == 2
+    assert eval_expr("max(1, s1*s0) - min(s0, 2)", env) == 19
+    assert eval_expr(5, env) == 5
+    for bad in ("s9", "__import__('os')", "s0.real", "s0; 1", "[s0]"):
+        with pytest.raises(KilnError):
+            eval_expr(bad, env)

@@ -256,15 +256,6 @@ def _compile_aten(gm, example_inputs, settings, kind):
     mod = Module(art, graph.get("none_outputs", []))
     t3 = time.perf_counter()
     steps = mod._steps
-    if any(_has_sym(st.get("args")) or _has_sym(st.get("kwargs")) for st in steps
-           if st.get("kind") == "fallback"):
-        # a torch op would need the symbols' values, which the fallback
-        # callback does not get (a generalized graph of kilnd's)
-        rec["why"] = "a fallback step of the artifact has a symbolic argument"
-        f = _Fallback(f"the {kind} graph's artifact runs a torch op with a symbolic "
-                      "argument, which kiln's runtime cannot bind yet", "unsupported_op")
-        f.record = rec
-        raise f
     kernels = [k.get("name") for k in mod._kernels]
     fb = [s.get("op") for s in steps if s.get("kind") == "fallback"]
     info = {"signature": sig, "kernels": kernels, "fallback_ops": fb,
@@ -274,14 +265,6 @@ def _compile_aten(gm, example_inputs, settings, kind):
         _state.counts[source if source in _state.counts else "compiled"] += 1
         _state.modules[key] = (mod, info)
     return mod
-
-
-def _has_sym(a):
-    if isinstance(a, dict):
-        return "sym" in a or any(_has_sym(v) for v in a.values())
-    if isinstance(a, list):
-        return any(_has_sym(v) for v in a)
-    return False
 
 
 def _aten_compiler(settings, kind):

@@ -12,6 +12,7 @@ input), and fallback steps executed through ``torch.ops.aten``.
 """
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,6 +161,8 @@ def lib():
         L.kiln_module_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(IO), ctypes.c_uint32,
                                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(IO),
                                       ctypes.POINTER(RunOpts), ctypes.c_char_p, ctypes.c_size_t]
+        L.kiln_fallback_syms.argtypes = [ctypes.POINTER(ctypes.c_uint32)]
+        L.kiln_fallback_syms.restype = ctypes.POINTER(ctypes.c_int64)
         L.kiln_module_artifact.argtypes = [ctypes.c_void_p]
         L.kiln_module_artifact.restype = ctypes.c_void_p
         # the kilnd client (kiln.h section 4)
@@ -183,6 +186,23 @@ def lib():
         _libc.free.argtypes = [ctypes.c_void_p]
         _lib = L
     return _lib
+
+
+_EXPR_OK = re.compile(r"^[A-Za-z0-9_+\-*/%(), \t]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def eval_expr(expr, env):
+    """The value of a Graph v1 integer expression (GRAPH.md: + - * // %
+    min max, Python's floor semantics) with symbol values env."""
+    if isinstance(expr, int):
+        return expr
+    if not isinstance(expr, str) or not _EXPR_OK.match(expr):
+        raise KilnError(f"bad symbolic expression {expr!r}")
+    for name in _NAME.findall(expr):
+        if name not in env and name not in ("min", "max"):
+            raise KilnError(f"expression {expr!r}: unknown symbol {name}")
+    return int(eval(expr, {"__builtins__": {}, "min": min, "max": max}, dict(env)))
 
 
 def _tensor_from(ptr, dtype_code, sizes, strides):
@@ -226,6 +246,7 @@ class Module:
         self._steps = a.get("steps", [])
         self._kernels = a.get("kernels", [])
         self.signature = a.get("signature") or ""
+        self._sym_names = list(a.get("symbols") or {})
         self._cb = FALLBACK(self._fallback)
         self._opts = ctypes.byref(RunOpts(None, self._cb, None))
         self._tls = threading.local()
@@ -249,9 +270,19 @@ class Module:
                 return _tensor_from(t.data, t.dtype, list(t.sizes[:t.rank]),
                                     list(t.strides[:t.rank]))
 
+            env = None
+
             def conv(a):
+                nonlocal env
                 if isinstance(a, dict) and "ref" in a:
                     return view(a["ref"])
+                if isinstance(a, dict) and "sym" in a:
+                    if env is None:
+                        n = ctypes.c_uint32()
+                        p = _lib.kiln_fallback_syms(ctypes.byref(n))
+                        env = {name: p[i] for i, name in enumerate(self._sym_names)
+                               if i < n.value}
+                    return eval_expr(a["sym"], env)
                 if isinstance(a, list):
                     return [conv(x) for x in a]
                 if isinstance(a, str) and a in _TORCH:

@@ -674,6 +674,47 @@ Test(run, fallback_step_runs_the_callback)
 	kiln_module_free(m);
 }
 
+/* Records the symbols kiln_fallback_syms shows the callback, then runs
+ * fb_double. */
+static int64_t seen_syms[4];
+static uint32_t seen_n;
+static int fb_syms(void *user, const kiln_artifact_t *a, uint32_t s,
+		   const kiln_tensor_t *views, char *err, size_t errlen)
+{
+	const int64_t *sy = kiln_fallback_syms(&seen_n);
+	cr_assert_not_null(sy);
+	cr_assert_eq(seen_n, a->n_symbols);
+	for (uint32_t i = 0; i < seen_n && i < 4; i++)
+		seen_syms[i] = sy[i];
+	return fb_double(user, a, s, views, err, errlen);
+}
+
+Test(run, fallback_sees_the_runs_symbols)
+{
+	kiln_module_t *m = fallback_module();
+	uint32_t n = 7;
+	cr_assert_null(kiln_fallback_syms(&n), "outside a callback");
+	cr_assert_eq(n, 0);
+	for (int64_t len = 5; len <= 300; len += 295) {
+		float x[300];
+		for (int i = 0; i < len; i++)
+			x[i] = (float)i;
+		kiln_io_t in[1] = {IOT(x, KILN_DT_F32, len)};
+		fb_log_t log = {0};
+		kiln_run_opts_t o = {.fallback = fb_syms,
+				     .fallback_user = &log};
+		void *ob[1] = {NULL};
+		kiln_io_t out[1];
+		run_ok(m, in, 1, ob, out, &o);
+		cr_assert_eq(seen_n, 1);
+		cr_assert_eq(seen_syms[0], len, "s0 bound to %lld, saw %lld",
+			     (long long)len, (long long)seen_syms[0]);
+		free(ob[0]);
+	}
+	cr_assert_null(kiln_fallback_syms(NULL), "cleared after the call");
+	kiln_module_free(m);
+}
+
 Test(run, fallback_step_without_callback_or_failing)
 {
 	kiln_module_t *m = fallback_module();

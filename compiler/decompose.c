@@ -452,43 +452,21 @@ int low_gelu_backward(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, odt, r, sizes, sx_bin(c, OP_MUL, gb, d)));
 }
 
-int low_threshold_backward(cctx_t *c, lnode_t *n)
+/* grad_output where x (broadcast with it) is inside the op's open range,
+ * else 0: threshold_backward zeroes x <= threshold; hardtanh_backward
+ * (hardtanh = true) zeroes x <= min_val or x >= max_val. A NaN x keeps the
+ * gradient, as in torch. */
+static int masked_grad(cctx_t *c, lnode_t *n, bool hardtanh)
 {
 	lt_t *g, *x;
-	double th;
+	double lo, hi = 0;
 	int rc = ltensor(n, 0, "grad_output", &g);
 	if (rc == 0)
 		rc = ltensor(n, 1, "self", &x);
 	if (rc == 0)
-		rc = lfloat(n, 2, "threshold", 0, &th);
-	if (rc != 0)
-		return rc;
-	kiln_dtype_t odt = decl_dt(n, 0, g->dtype);
-	operand_t ops[2] = {{NULL, g}, {NULL, x}};
-	uint32_t r;
-	kiln_dim_t sizes[CIR_MAX_RANK];
-	rc = lbroadcast(n, ops, 2, &r, sizes);
-	if (rc != 0)
-		return rc;
-	const sx_t *xb = lt_bcast_body(c, x, r, sizes);
-	const sx_t *gb = sx_cast(c, lt_bcast_body(c, g, r, sizes), odt);
-	const sx_t *le = sx_bin(c, OP_LE, xb, sxf(c, th, x->dtype));
-	return lset(
-	    n, 0, lt_fn(c, odt, r, sizes, sx_where(c, le, sxf(c, 0, odt), gb)));
-}
-
-/* hardtanh_backward: grad where min_val < x < max_val, else 0 (a NaN x keeps
- * the gradient, as in torch: the mask is (x <= min) | (x >= max)). */
-int low_hardtanh_backward(cctx_t *c, lnode_t *n)
-{
-	lt_t *g, *x;
-	double lo, hi;
-	int rc = ltensor(n, 0, "grad_output", &g);
-	if (rc == 0)
-		rc = ltensor(n, 1, "self", &x);
-	if (rc == 0)
-		rc = lfloat(n, 2, "min_val", -1.0, &lo);
-	if (rc == 0)
+		rc = hardtanh ? lfloat(n, 2, "min_val", -1.0, &lo)
+			      : lfloat(n, 2, "threshold", 0, &lo);
+	if (rc == 0 && hardtanh)
 		rc = lfloat(n, 3, "max_val", 1.0, &hi);
 	if (rc != 0)
 		return rc;
@@ -501,12 +479,23 @@ int low_hardtanh_backward(cctx_t *c, lnode_t *n)
 		return rc;
 	const sx_t *xb = lt_bcast_body(c, x, r, sizes);
 	const sx_t *gb = sx_cast(c, lt_bcast_body(c, g, r, sizes), odt);
-	const sx_t *out =
-	    sx_bin(c, OP_OR, sx_bin(c, OP_LE, xb, sxf(c, lo, x->dtype)),
-		   sx_bin(c, OP_GE, xb, sxf(c, hi, x->dtype)));
+	const sx_t *out = sx_bin(c, OP_LE, xb, sxf(c, lo, x->dtype));
+	if (hardtanh)
+		out = sx_bin(c, OP_OR, out,
+			     sx_bin(c, OP_GE, xb, sxf(c, hi, x->dtype)));
 	return lset(
 	    n, 0,
 	    lt_fn(c, odt, r, sizes, sx_where(c, out, sxf(c, 0, odt), gb)));
+}
+
+int low_threshold_backward(cctx_t *c, lnode_t *n)
+{
+	return masked_grad(c, n, false);
+}
+
+int low_hardtanh_backward(cctx_t *c, lnode_t *n)
+{
+	return masked_grad(c, n, true);
 }
 
 /* grad · f(out) for sigmoid (out(1-out)) and tanh (1-out²). */

@@ -245,6 +245,9 @@ class Kilnd:
                if not k.startswith(("KILN_", "LISTEN_", "NOTIFY_SOCKET", "WATCHDOG_"))}
         env.pop("RUNTIME_DIRECTORY", None)
         env.pop("CACHE_DIRECTORY", None)
+        # compiles on one thread each: the tests that need a compile still
+        # running (timeouts, drain, kills) are sized by single-thread times
+        env["KILN_COMPILE_THREADS"] = "1"
         env.update(self.extra_env)
         return env
 

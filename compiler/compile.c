@@ -3,11 +3,11 @@
  * object → .so → memory plan → artifact.
  *
  * A kiln_compiler_t owns its LLVM TargetMachines and is used by one thread
- * at a time. A compile splits its kernels over up to compile_threads()
- * modules, each in an LLVMContext of its own, and optimizes and emits them
- * on that many threads (one TargetMachine each); the objects are linked into
- * one .so. Nothing LLVM is shared between threads, within a compile or
- * between two compilers.
+ * at a time. A compile splits its kernels over twice as many modules as
+ * it has threads (compile_threads()), each in an LLVMContext of its own;
+ * the threads (one TargetMachine each) claim the modules in turn and
+ * optimize and emit them; the objects are linked into one .so. Nothing LLVM is
+ * shared between threads, within a compile or between two compilers.
  */
 #include "compiler/cpu.h"
 #include "compiler/lower.h"
@@ -17,6 +17,7 @@
 #include <llvm-c/Core.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -699,28 +700,50 @@ static int compile_threads(void)
 	return n < 1 ? 1 : n > 4 ? 4 : n;
 }
 
-/* One module's share of a compile: O3 then the object, on one thread. */
+/* One module of a compile: O3 then the object, on whichever thread
+ * claims it. */
 typedef struct part {
-	cpu_target_t *cpu;
-	LLVMTargetMachineRef tm;
 	LLVMContextRef ctx;
 	LLVMModuleRef mod;
 	uint8_t *obj;
 	size_t objlen;
-	double opt_ms;
+	double opt_ms, emit_ms;
 	int rc;
 	char err[512];
 } part_t;
 
-static void *part_run(void *arg)
+/* The threads of a compile claim modules in turn (there are about twice
+ * as many modules as threads: a module's IR size predicts its O3 time only
+ * roughly, and the one that takes longest should not hold the others). */
+typedef struct crew {
+	cpu_target_t *cpu;
+	part_t *parts;
+	int n;
+	_Atomic int next;
+} crew_t;
+
+typedef struct hand {
+	crew_t *crew;
+	LLVMTargetMachineRef tm; /* this thread's */
+} hand_t;
+
+static void *crew_run(void *arg)
 {
-	part_t *p = arg;
-	double t0 = kiln__now_ms();
-	p->rc = cpu_optimize(p->cpu, p->tm, p->mod, p->err, sizeof(p->err));
-	p->opt_ms = kiln__now_ms() - t0;
-	if (p->rc == 0)
-		p->rc = cpu_emit(p->tm, p->mod, false, &p->obj, &p->objlen,
-				 p->err, sizeof(p->err));
+	hand_t *h = arg;
+	crew_t *cw = h->crew;
+	int i;
+	while ((i = atomic_fetch_add(&cw->next, 1)) < cw->n) {
+		part_t *p = &cw->parts[i];
+		double t0 = kiln__now_ms();
+		p->rc = cpu_optimize(cw->cpu, h->tm, p->mod, p->err,
+				     sizeof(p->err));
+		double t1 = kiln__now_ms();
+		p->opt_ms = t1 - t0;
+		if (p->rc == 0)
+			p->rc = cpu_emit(h->tm, p->mod, false, &p->obj,
+					 &p->objlen, p->err, sizeof(p->err));
+		p->emit_ms = kiln__now_ms() - t1;
+	}
 	return NULL;
 }
 
@@ -763,19 +786,23 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		return *text ? 0 : -ENOMEM;
 	}
 	double t1 = kiln__now_ms();
-	/* one module per compile thread (text output: one) */
-	int np = emit == KILN_EMIT_ARTIFACT ? compile_threads() : 1;
+	/* nt threads (text output: one), np modules: twice as many, at
+	 * most one per kernel */
+	int nt = emit == KILN_EMIT_ARTIFACT ? compile_threads() : 1;
+	if ((uint32_t)nt > st->n_kernels)
+		nt = st->n_kernels > 0 ? (int)st->n_kernels : 1;
+	for (int t = 1; t < nt; t++)
+		if (cpu_tm(&kc->cpu, t) == NULL)
+			nt = t;
+	int np = nt == 1 ? 1 : 2 * nt;
+	if (np > CPU_PAR_MAX)
+		np = CPU_PAR_MAX;
 	if ((uint32_t)np > st->n_kernels)
 		np = st->n_kernels > 0 ? (int)st->n_kernels : 1;
-	for (int p = 1; p < np; p++)
-		if (cpu_tm(&kc->cpu, p) == NULL)
-			np = p;
 	part_t parts[CPU_PAR_MAX];
 	void *ctxs[CPU_PAR_MAX], *mods[CPU_PAR_MAX];
 	memset(parts, 0, sizeof(parts));
 	for (int p = 0; p < np; p++) {
-		parts[p].cpu = &kc->cpu;
-		parts[p].tm = cpu_tm(&kc->cpu, p);
 		parts[p].ctx = LLVMContextCreate();
 		parts[p].mod =
 		    LLVMModuleCreateWithNameInContext("kiln", parts[p].ctx);
@@ -794,7 +821,7 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		goto done;
 	}
 	if (rc == 0 && (emit == KILN_EMIT_LLVM || emit == KILN_EMIT_ASM)) {
-		rc = cpu_optimize(&kc->cpu, parts[0].tm, parts[0].mod, err,
+		rc = cpu_optimize(&kc->cpu, kc->cpu.tm, parts[0].mod, err,
 				  errlen);
 		double t3 = kiln__now_ms();
 		st->opt_ms = t3 - t2;
@@ -805,33 +832,35 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		} else if (rc == 0) {
 			uint8_t *obj = NULL;
 			size_t objlen = 0;
-			rc = cpu_emit(parts[0].tm, parts[0].mod, true, &obj,
+			rc = cpu_emit(kc->cpu.tm, parts[0].mod, true, &obj,
 				      &objlen, err, errlen);
 			*text = (char *)obj;
 			st->emit_ms = kiln__now_ms() - t3;
 		}
 		goto done;
 	}
-	/* optimize and emit: parts 1.. on helper threads, part 0 here */
+	/* optimize and emit: helper threads 1.. and this one claim modules */
+	crew_t crew = {&kc->cpu, parts, np, 0};
+	hand_t hands[CPU_PAR_MAX];
 	pthread_t th[CPU_PAR_MAX];
 	bool started[CPU_PAR_MAX] = {false};
-	for (int p = 1; p < np && rc == 0; p++)
-		started[p] =
-		    pthread_create(&th[p], NULL, part_run, &parts[p]) == 0;
+	for (int t = 0; t < nt; t++)
+		hands[t] = (hand_t){&crew, cpu_tm(&kc->cpu, t)};
+	for (int t = 1; t < nt && rc == 0; t++)
+		started[t] =
+		    pthread_create(&th[t], NULL, crew_run, &hands[t]) == 0;
 	if (rc == 0)
-		part_run(&parts[0]);
-	for (int p = 1; p < np && rc == 0; p++) {
-		if (started[p])
-			pthread_join(th[p], NULL);
-		else
-			part_run(&parts[p]);
-	}
+		crew_run(&hands[0]);
+	for (int t = 1; t < nt; t++)
+		if (started[t])
+			pthread_join(th[t], NULL);
 	double t4 = kiln__now_ms();
 	uint8_t *objs[CPU_PAR_MAX];
 	size_t lens[CPU_PAR_MAX];
+	double sum_opt = 0, sum_emit = 0;
 	for (int p = 0; p < np && rc == 0; p++) {
-		if (parts[p].opt_ms > st->opt_ms)
-			st->opt_ms = parts[p].opt_ms;
+		sum_opt += parts[p].opt_ms;
+		sum_emit += parts[p].emit_ms;
 		if (parts[p].rc != 0) {
 			rc = parts[p].rc;
 			snprintf(err, errlen, "%s", parts[p].err);
@@ -839,6 +868,11 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		objs[p] = parts[p].obj;
 		lens[p] = parts[p].objlen;
 	}
+	/* the wall time of the parallel phase, split in the two phases'
+	 * proportion */
+	st->opt_ms = sum_opt + sum_emit > 0
+			 ? (t4 - t2) * sum_opt / (sum_opt + sum_emit)
+			 : 0;
 	st->emit_ms = t4 - t2 - st->opt_ms;
 	uint8_t *so = NULL;
 	size_t solen = 0;

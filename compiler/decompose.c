@@ -498,6 +498,41 @@ int low_hardtanh_backward(cctx_t *c, lnode_t *n)
 	return masked_grad(c, n, true);
 }
 
+/* native_dropout_backward(grad_output, mask, scale) = grad · mask · scale,
+ * in that order, as torch computes it (a NaN gradient under a dropped
+ * element stays NaN). The forward draws random numbers and stays a
+ * fallback step. */
+int low_dropout_backward(cctx_t *c, lnode_t *n)
+{
+	lt_t *g, *m;
+	double scale;
+	int rc = ltensor(n, 0, "grad_output", &g);
+	if (rc == 0)
+		rc = ltensor(n, 1, "mask", &m);
+	if (rc == 0)
+		rc = lfloat(n, 2, "scale", 1.0, &scale);
+	if (rc != 0)
+		return rc;
+	if (!kiln_dtype_is_float(g->dtype))
+		return lerr(n, KILN_EINVGRAPH, "grad_output must be floating");
+	if (m->dtype != KILN_DT_BOOL && m->dtype != KILN_DT_U8)
+		return lerr(n, KILN_EINVGRAPH, "mask must be bool, not %s",
+			    kiln_dtype_name(m->dtype));
+	kiln_dtype_t odt = decl_dt(n, 0, g->dtype);
+	operand_t ops[2] = {{NULL, g}, {NULL, m}};
+	uint32_t r;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lbroadcast(n, ops, 2, &r, sizes);
+	if (rc != 0)
+		return rc;
+	kiln_dtype_t cdt = compute_dtype(odt);
+	const sx_t *gb = sx_cast(c, lt_bcast_body(c, g, r, sizes), cdt);
+	const sx_t *mb = sx_cast(c, lt_bcast_body(c, m, r, sizes), cdt);
+	const sx_t *v =
+	    sx_bin(c, OP_MUL, sx_bin(c, OP_MUL, gb, mb), sxf(c, scale, cdt));
+	return lset(n, 0, lt_fn(c, odt, r, sizes, sx_cast(c, v, odt)));
+}
+
 /* grad · f(out) for sigmoid (out(1-out)) and tanh (1-out²). */
 static int act_backward(cctx_t *c, lnode_t *n, int which)
 {

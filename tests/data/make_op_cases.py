@@ -719,6 +719,12 @@ def build_views():
     case("native_dropout", "p1", lambda x: A.native_dropout.default(x, 1.0, True), U(5))
     case("native_dropout_backward", "default", lambda g, m: A.native_dropout_backward.default(g, m, 2.0),
          U(3, 4), B(3, 4))
+    case("native_dropout_backward", "nan_dropped",
+         lambda g, m: A.native_dropout_backward.default(g, m, 1.25),
+         torch.tensor([1.0, float("nan"), -2.0, float("inf")]),
+         torch.tensor([True, False, True, False]))
+    case("native_dropout_backward", "f16", lambda g, m: A.native_dropout_backward.default(g, m, 1.25),
+         U(6, dt=f16), B(6))
     seed("as_strided")
     case("as_strided", "default", lambda x: A.as_strided.default(x, [2, 2], [1, 2], 1), U(3, 3))
     case("as_strided", "overlap", lambda x: A.as_strided.default(x, [3, 3], [1, 1]), U(6))

@@ -291,6 +291,40 @@ static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **out)
 	return lt_realize(c, u, (int32_t)n->index, out);
 }
 
+/* Over a grad_input space [N, C, *, KH, KW, H, W] (vars 0..6): the output
+ * position (oh, ow) that tap (kh, kw) of input position (h, w) came from,
+ * oh·sh = h + ph - kh·dh (and w alike), and whether it exists (the
+ * division is exact and 0 <= oh < OH, 0 <= ow < OW). */
+static const sx_t *bw_taps(cctx_t *c, const conv_t *cv, int64_t OH, int64_t OW,
+			   const kiln_expr_t **oh, const kiln_expr_t **ow)
+{
+	const kiln_expr_t *th = ix_sub(c, ix_add(c, IV(5), IC(cv->p[0])),
+				       ix_mul(c, IV(3), IC(cv->d[0])));
+	const kiln_expr_t *tw = ix_sub(c, ix_add(c, IV(6), IC(cv->p[1])),
+				       ix_mul(c, IV(4), IC(cv->d[1])));
+	*oh = ix_floordiv(c, th, IC(cv->s[0]));
+	*ow = ix_floordiv(c, tw, IC(cv->s[1]));
+	const sx_t *ok = NULL;
+	const kiln_expr_t *tt[2] = {th, tw}, *oo[2] = {*oh, *ow};
+	int64_t lim[2] = {OH, OW}, st[2] = {cv->s[0], cv->s[1]};
+	for (int k = 0; k < 2; k++) {
+		const sx_t *v = sx_index(c, tt[k]);
+		const sx_t *in =
+		    sx_bin(c, OP_AND,
+			   sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+			   sx_bin(c, OP_LT, sx_index(c, oo[k]),
+				  sx_consti(c, lim[k], KILN_DT_I64)));
+		if (st[k] > 1)
+			in = sx_bin(
+			    c, OP_AND, in,
+			    sx_bin(c, OP_EQ,
+				   sx_index(c, ix_mod(c, tt[k], IC(st[k]))),
+				   sx_consti(c, 0, KILN_DT_I64)));
+		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
+	}
+	return ok;
+}
+
 /*
  * The backward of a groups == 1 convolution through BLAS (the forward's
  * im2col + GEMM template, run backwards):
@@ -384,33 +418,8 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 		kiln_dim_t fs[7] = {dim_const(N),  dim_const(C),  dim_const(1),
 				    dim_const(KH), dim_const(KW), dim_const(H),
 				    dim_const(W)};
-		const kiln_expr_t *th =
-		    ix_sub(c, ix_add(c, IV(5), IC(cv->p[0])),
-			   ix_mul(c, IV(3), IC(cv->d[0])));
-		const kiln_expr_t *tw =
-		    ix_sub(c, ix_add(c, IV(6), IC(cv->p[1])),
-			   ix_mul(c, IV(4), IC(cv->d[1])));
-		const kiln_expr_t *oh = ix_floordiv(c, th, IC(cv->s[0]));
-		const kiln_expr_t *ow = ix_floordiv(c, tw, IC(cv->s[1]));
-		const sx_t *ok = NULL;
-		const kiln_expr_t *tt[2] = {th, tw}, *oo[2] = {oh, ow};
-		int64_t lim[2] = {OH, OW}, st[2] = {cv->s[0], cv->s[1]};
-		for (int k = 0; k < 2; k++) {
-			const sx_t *v = sx_index(c, tt[k]);
-			const sx_t *in = sx_bin(
-			    c, OP_AND,
-			    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
-			    sx_bin(c, OP_LT, sx_index(c, oo[k]),
-				   sx_consti(c, lim[k], KILN_DT_I64)));
-			if (st[k] > 1)
-				in = sx_bin(
-				    c, OP_AND, in,
-				    sx_bin(c, OP_EQ,
-					   sx_index(
-					       c, ix_mod(c, tt[k], IC(st[k]))),
-					   sx_consti(c, 0, KILN_DT_I64)));
-			ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
-		}
+		const kiln_expr_t *oh, *ow;
+		const sx_t *ok = bw_taps(c, cv, OH, OW, &oh, &ow);
 		const kiln_expr_t *ck =
 		    ix_add(c,
 			   ix_add(c, ix_mul(c, IV(1), IC(KH * KW)),
@@ -490,32 +499,8 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 				    dim_const(W)};
 		const kiln_expr_t *o = ix_add(
 		    c, ix_mul(c, ix_floordiv(c, IV(1), IC(Cg)), IC(Og)), IV(2));
-		/* oh·sh = h + ph - kh·dh */
-		const kiln_expr_t *th = ix_sub(c, ix_add(c, IV(5), IC(cv.p[0])),
-					       ix_mul(c, IV(3), IC(cv.d[0])));
-		const kiln_expr_t *tw = ix_sub(c, ix_add(c, IV(6), IC(cv.p[1])),
-					       ix_mul(c, IV(4), IC(cv.d[1])));
-		const kiln_expr_t *oh = ix_floordiv(c, th, IC(cv.s[0]));
-		const kiln_expr_t *ow = ix_floordiv(c, tw, IC(cv.s[1]));
-		const sx_t *ok = NULL;
-		const kiln_expr_t *tt[2] = {th, tw}, *oo[2] = {oh, ow};
-		int64_t lim[2] = {OH, OW}, st[2] = {cv.s[0], cv.s[1]};
-		for (int k = 0; k < 2; k++) {
-			const sx_t *v = sx_index(c, tt[k]);
-			const sx_t *in = sx_bin(
-			    c, OP_AND,
-			    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
-			    sx_bin(c, OP_LT, sx_index(c, oo[k]),
-				   sx_consti(c, lim[k], KILN_DT_I64)));
-			if (st[k] > 1)
-				in = sx_bin(
-				    c, OP_AND, in,
-				    sx_bin(c, OP_EQ,
-					   sx_index(
-					       c, ix_mod(c, tt[k], IC(st[k]))),
-					   sx_consti(c, 0, KILN_DT_I64)));
-			ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
-		}
+		const kiln_expr_t *oh, *ow;
+		const sx_t *ok = bw_taps(c, &cv, OH, OW, &oh, &ow);
 		const kiln_expr_t *gi[4] = {IV(0), o, oh, ow};
 		const kiln_expr_t *wi[4] = {o, ix_mod(c, IV(1), IC(Cg)), IV(3),
 					    IV(4)};

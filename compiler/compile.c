@@ -25,6 +25,7 @@
 
 struct kiln_compiler {
 	cpu_target_t cpu;
+	int threads; /* a compile's threads (compile_threads) */
 	char fingerprint[160];
 	char blas[256]; /* "" when no BLAS library is loadable */
 };
@@ -46,6 +47,30 @@ static void probe_blas(kiln_compiler_t *c)
 	dlclose(h);
 }
 
+/* Threads a compile optimizes and emits on: KILN_COMPILE_THREADS (1 to
+ * CPU_PAR_MAX; anything else is an error naming it), else the CPUs this
+ * process may run on, at most 4. Read once, when the compiler is made. */
+static int compile_threads(int *out, char *err, size_t errlen)
+{
+	const char *env = getenv("KILN_COMPILE_THREADS");
+	if (env != NULL && env[0] != '\0') {
+		char *end;
+		long n = strtol(env, &end, 10);
+		if (*end != '\0' || n < 1 || n > CPU_PAR_MAX)
+			return kiln__errf(err, errlen, KILN_EBADREQ,
+					  "KILN_COMPILE_THREADS=\"%.40s\": "
+					  "expected a count from 1 to %d",
+					  env, CPU_PAR_MAX);
+		*out = (int)n;
+		return 0;
+	}
+	cpu_set_t set;
+	int n =
+	    sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+	*out = n < 1 ? 1 : n > 4 ? 4 : n;
+	return 0;
+}
+
 int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 		      char *err, size_t errlen)
 {
@@ -59,7 +84,9 @@ int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 	kiln_compiler_t *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return -ENOMEM;
-	int rc = cpu_target_init(&c->cpu, target, err, errlen);
+	int rc = compile_threads(&c->threads, err, errlen);
+	if (rc == 0)
+		rc = cpu_target_init(&c->cpu, target, err, errlen);
 	if (rc != 0) {
 		free(c);
 		return rc;
@@ -685,21 +712,6 @@ static void cctx_free(cctx_t *c)
 	kiln_arena_free(c->arena);
 }
 
-/* Threads a compile optimizes and emits on: KILN_COMPILE_THREADS (1 to
- * CPU_PAR_MAX), else the CPUs this process may run on, at most 4. */
-static int compile_threads(void)
-{
-	const char *env = getenv("KILN_COMPILE_THREADS");
-	if (env != NULL && env[0] != '\0') {
-		int n = atoi(env);
-		return n < 1 ? 1 : n > CPU_PAR_MAX ? CPU_PAR_MAX : n;
-	}
-	cpu_set_t set;
-	int n =
-	    sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-	return n < 1 ? 1 : n > 4 ? 4 : n;
-}
-
 /* One module of a compile: O3 then the object, on whichever thread
  * claims it. */
 typedef struct part {
@@ -788,7 +800,7 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 	double t1 = kiln__now_ms();
 	/* nt threads (text output: one), np modules: twice as many, at
 	 * most one per kernel */
-	int nt = emit == KILN_EMIT_ARTIFACT ? compile_threads() : 1;
+	int nt = emit == KILN_EMIT_ARTIFACT ? kc->threads : 1;
 	if ((uint32_t)nt > st->n_kernels)
 		nt = st->n_kernels > 0 ? (int)st->n_kernels : 1;
 	for (int t = 1; t < nt; t++)

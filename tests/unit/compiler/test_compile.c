@@ -789,6 +789,27 @@ Test(invalid, declared_shape_disagrees)
 	expect_invalid("relu out shape", &b, "declared size");
 }
 
+/* KILN_COMPILE_THREADS is read when the compiler is made: anything but a
+ * count from 1 to 8 is an error naming it; a valid count compiles. */
+Test(settings, compile_threads_are_checked)
+{
+	char err[512];
+	kiln_compiler_t *kc = NULL;
+	const char *bad[] = {"abc", "0", "9", "2x", "-1"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv("KILN_COMPILE_THREADS", bad[i], 1);
+		int rc = kiln_compiler_new(NULL, &kc, err, sizeof(err));
+		cr_assert_neq(rc, 0, "%s accepted", bad[i]);
+		cr_assert_null(kc);
+		cr_expect(strstr(err, "KILN_COMPILE_THREADS=") != NULL, "%s",
+			  err);
+	}
+	setenv("KILN_COMPILE_THREADS", "3", 1);
+	cr_assert_eq(kiln_compiler_new(NULL, &kc, err, sizeof(err)), 0, "%s",
+		     err);
+	kiln_compiler_free(kc);
+}
+
 /* KILN_MATH is read once, when the compiler is made: an unknown value is
  * an error naming it, and the choice is part of the fingerprint. (Each
  * Criterion test runs in its own process: setenv stays here.) */

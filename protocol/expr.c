@@ -10,6 +10,7 @@
 #include "protocol/internal.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -311,6 +312,34 @@ int kiln__expr_parse(const kiln__expr_ctx_t *ctx, const char *s, size_t len,
 	if (p.s != p.end)
 		return perr(&p, "trailing characters");
 	return 0;
+}
+
+int kiln_expr_eval_str(const char *s, const char *const *names,
+		       const int64_t *vals, uint32_t n, int64_t *out, char *err,
+		       size_t errlen)
+{
+	kiln_arena_t *a = kiln_arena_new(1024);
+	kiln_symbol_t *syms =
+	    a ? kiln_arena_calloc(a, n + 1, sizeof(*syms)) : NULL;
+	if (syms == NULL) {
+		kiln_arena_free(a);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		syms[i] = (kiln_symbol_t){names[i], 0, -1, -1};
+	kiln__expr_ctx_t ctx = {a, syms, n, 4096};
+	const kiln_expr_t *e = NULL;
+	int rc = kiln__expr_parse(&ctx, s, strlen(s), &e, err, errlen);
+	if (rc == 0) {
+		rc = kiln_expr_eval(e, vals, out);
+		if (rc != 0)
+			snprintf(err, errlen,
+				 "expression \"%.80s\": division by zero or "
+				 "overflow",
+				 s);
+	}
+	kiln_arena_free(a);
+	return rc;
 }
 
 int kiln_expr_eval(const kiln_expr_t *e, const int64_t *syms, int64_t *out)

@@ -485,6 +485,16 @@ int kiln_expr_format(const kiln_graph_t *g, const kiln_expr_t *e, char *buf,
  */
 int kiln_expr_eval(const kiln_expr_t *e, const int64_t *syms, int64_t *out);
 
+/*
+ * Parses s (GRAPH.md's expression syntax) over the symbols named names[0 ..
+ * n) and evaluates it with vals[0 .. n). Returns 0, or KILN_EINVGRAPH with
+ * the reason in err (a syntax error, an unknown symbol, division by zero,
+ * overflow), or -ENOMEM.
+ */
+int kiln_expr_eval_str(const char *s, const char *const *names,
+		       const int64_t *vals, uint32_t n, int64_t *out, char *err,
+		       size_t errlen);
+
 /* ------------------------------------------------------------------------ */
 /* Signatures                                                                 */
 /* ------------------------------------------------------------------------ */

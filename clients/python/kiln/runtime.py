@@ -12,7 +12,6 @@ input), and fallback steps executed through ``torch.ops.aten``.
 """
 import ctypes
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -161,6 +160,10 @@ def lib():
         L.kiln_module_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(IO), ctypes.c_uint32,
                                       ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(IO),
                                       ctypes.POINTER(RunOpts), ctypes.c_char_p, ctypes.c_size_t]
+        L.kiln_expr_eval_str.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
+                                         ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32,
+                                         ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p,
+                                         ctypes.c_size_t]
         L.kiln_fallback_syms.argtypes = [ctypes.POINTER(ctypes.c_uint32)]
         L.kiln_fallback_syms.restype = ctypes.POINTER(ctypes.c_int64)
         L.kiln_module_artifact.argtypes = [ctypes.c_void_p]
@@ -188,21 +191,26 @@ def lib():
     return _lib
 
 
-_EXPR_OK = re.compile(r"^[A-Za-z0-9_+\-*/%(), \t]*$")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
 def eval_expr(expr, env):
     """The value of a Graph v1 integer expression (GRAPH.md: + - * // %
-    min max, Python's floor semantics) with symbol values env."""
+    min max, Python's floor semantics) with symbol values env, by libkiln's
+    own parser (kiln_expr_eval_str)."""
     if isinstance(expr, int):
         return expr
-    if not isinstance(expr, str) or not _EXPR_OK.match(expr):
+    if not isinstance(expr, str):
         raise KilnError(f"bad symbolic expression {expr!r}")
-    for name in _NAME.findall(expr):
-        if name not in env and name not in ("min", "max"):
-            raise KilnError(f"expression {expr!r}: unknown symbol {name}")
-    return int(eval(expr, {"__builtins__": {}, "min": min, "max": max}, dict(env)))
+    L = lib()
+    names = list(env)
+    n = len(names)
+    cnames = (ctypes.c_char_p * max(n, 1))(*[k.encode() for k in names])
+    vals = (ctypes.c_int64 * max(n, 1))(*[int(env[k]) for k in names])
+    out = ctypes.c_int64()
+    err = ctypes.create_string_buffer(256)
+    rc = L.kiln_expr_eval_str(expr.encode(), cnames, vals, n, ctypes.byref(out), err, 256)
+    if rc != 0:
+        raise KilnError(err.value.decode(errors="replace") or f"expression {expr!r}",
+                        code="invalid_graph", rc=rc)
+    return out.value
 
 
 def _tensor_from(ptr, dtype_code, sizes, strides):

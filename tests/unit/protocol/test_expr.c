@@ -402,3 +402,32 @@ Test(expr, format_of_int64_min_reparses)
 	kiln_graph_free(g2);
 	kiln_graph_free(g);
 }
+
+/* kiln_expr_eval_str: the parser and evaluator over named values, as the
+ * Python runtime evaluates a fallback step's {"sym": expr} arguments. */
+Test(expr, eval_str_with_named_values)
+{
+	const char *names[2] = {"s0", "s1"};
+	const int64_t vals[2] = {7, 3};
+	char err[256];
+	int64_t v = 0;
+	cr_assert_eq(kiln_expr_eval_str("(s0 - 1)//2 + 1", names, vals, 2, &v,
+					err, sizeof(err)),
+		     0, "%s", err);
+	cr_assert_eq(v, 4);
+	cr_assert_eq(kiln_expr_eval_str("-s0 % 3 + max(1, s1*s0)", names, vals,
+					2, &v, err, sizeof(err)),
+		     0, "%s", err);
+	cr_assert_eq(v, 2 + 21);
+	cr_assert_eq(
+	    kiln_expr_eval_str("s9", names, vals, 2, &v, err, sizeof(err)),
+	    KILN_EINVGRAPH);
+	cr_assert(strstr(err, "s9") != NULL, "%s", err);
+	cr_assert_eq(kiln_expr_eval_str("s0 // (s1 - 3)", names, vals, 2, &v,
+					err, sizeof(err)),
+		     KILN_EINVGRAPH);
+	cr_assert(strstr(err, "division by zero") != NULL, "%s", err);
+	cr_assert_eq(
+	    kiln_expr_eval_str("s0; 1", names, vals, 2, &v, err, sizeof(err)),
+	    KILN_EINVGRAPH);
+}

@@ -59,9 +59,20 @@ int kiln__unhex(const char *s, size_t n, uint8_t *out)
 void kiln__blob_path(const kiln_cache_t *c, const uint8_t hash[32], char *out,
 		     size_t outlen)
 {
+	/* Every read builds one: no printf. open() keeps store paths under
+	 * PATH_MAX - 128, so outlen (PATH_MAX) always has room. */
 	char hex[KILN__HASH_HEX];
 	kiln__hex(hash, 32, hex);
-	snprintf(out, outlen, "%s/%.2s/%s", c->objects_path, hex, hex + 2);
+	size_t n = strlen(c->objects_path);
+	if (n + 2 + 64 + 1 > outlen) {
+		snprintf(out, outlen, "%s", c->objects_path);
+		return;
+	}
+	memcpy(out, c->objects_path, n);
+	out[n] = '/';
+	memcpy(out + n + 1, hex, 2);
+	out[n + 3] = '/';
+	memcpy(out + n + 4, hex + 2, 63); /* 62 digits and the NUL */
 }
 
 void kiln__sha256(const kiln_cache_t *c, const void *p, size_t n,
@@ -173,74 +184,106 @@ int kiln__blob_write(kiln_cache_t *c, const uint8_t hash[32], const void *bytes,
 	return 0;
 }
 
+/* Reads a blob (into *out when out is not NULL) and checks it: with crc,
+ * against that CRC-64; without, against the SHA-256 in its name, also
+ * computing its CRC-64 into crc_out when that is not NULL. The size comes
+ * from the index, so there is no fstat: the first read asks for one byte
+ * more than the blob should have, and a regular file that returns exactly
+ * the size has ended (Linux does not cut a page-cache read short for a
+ * signal it survives). Each chunk read is hashed while it is still in the
+ * CPU cache. */
 static int read_verify(kiln_cache_t *c, const uint8_t hash[32], uint64_t size,
-		       uint8_t **out, char *err, size_t errlen)
+		       const uint8_t *crc, uint8_t *crc_out, uint8_t **out,
+		       char *err, size_t errlen)
 {
 	char path[PATH_MAX];
 	kiln__blob_path(c, hash, path, sizeof(path));
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO planted under a blob name fails, not blocks. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
+				O_NOCTTY);
 	if (fd < 0) {
 		int e = errno;
 		kiln__errf(err, errlen, KILN__BLOB_BAD, "open %s: %s", path,
 			   strerror(e));
-		return (e == ENOENT || e == ENOTDIR) ? KILN__BLOB_BAD
-						     : KILN__BLOB_IOERR;
+		return (e == ENOENT || e == ENOTDIR || e == ELOOP)
+			   ? KILN__BLOB_BAD
+			   : KILN__BLOB_IOERR;
 	}
-	struct stat st;
-	if (fstat(fd, &st) < 0) {
-		close(fd);
-		return KILN__BLOB_IOERR;
-	}
-	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size) {
-		close(fd);
-		kiln__errf(err, errlen, 0, "%s: %lld bytes, index says %llu",
-			   path, (long long)st.st_size,
-			   (unsigned long long)size);
-		return KILN__BLOB_BAD;
-	}
-	size_t cap = out != NULL ? (size_t)size : READ_CHUNK;
-	uint8_t *buf = malloc(cap > 0 ? cap : 1);
-	EVP_MD_CTX *md = EVP_MD_CTX_new();
-	if (buf == NULL || md == NULL ||
-	    !EVP_DigestInit_ex(md, c->sha256, NULL)) {
+	bool whole = out != NULL;
+	size_t cap = whole ? (size_t)size + 1 : READ_CHUNK + 1;
+	uint8_t *buf = malloc(cap);
+	EVP_MD_CTX *md = crc == NULL ? EVP_MD_CTX_new() : NULL;
+	if (buf == NULL ||
+	    (crc == NULL &&
+	     (md == NULL || !EVP_DigestInit_ex(md, c->sha256, NULL)))) {
 		free(buf);
 		EVP_MD_CTX_free(md);
 		close(fd);
 		return -ENOMEM;
 	}
-	/* Read and hash chunk by chunk, so the bytes are hashed while they
-	 * are still in the CPU cache. */
+	uint64_t sum = 0; /* the CRC-64 so far */
 	uint64_t got = 0;
 	int rc = KILN__BLOB_OK;
-	while (got < size) {
-		size_t want =
-		    size - got > READ_CHUNK ? READ_CHUNK : (size_t)(size - got);
-		uint8_t *dst = out != NULL ? buf + got : buf;
-		size_t have = 0;
-		while (have < want) {
-			ssize_t r = read(fd, dst + have, want - have);
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0) {
-				rc = r == 0 ? KILN__BLOB_BAD : KILN__BLOB_IOERR;
-				kiln__errf(err, errlen, 0, "read %s: %s", path,
-					   r == 0 ? "short file"
-						  : strerror(errno));
-				goto done;
-			}
-			have += (size_t)r;
+	const char *why = NULL;
+	for (;;) {
+		/* Up to one chunk, and one byte past the expected end. */
+		uint64_t left = size + 1 - got;
+		size_t want = left > READ_CHUNK + 1 ? READ_CHUNK : (size_t)left;
+		uint8_t *dst = whole ? buf + got : buf;
+		ssize_t r = read(fd, dst, want);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			int e = errno;
+			/* A directory, FIFO or socket under a blob name. */
+			rc = (e == EISDIR || e == EAGAIN || e == EINVAL)
+				 ? KILN__BLOB_BAD
+				 : KILN__BLOB_IOERR;
+			why = strerror(e);
+			break;
 		}
-		EVP_DigestUpdate(md, dst, want);
-		got += want;
+		if (r == 0)
+			break;
+		if (got + (uint64_t)r > size) {
+			rc = KILN__BLOB_BAD;
+			why = "longer than the index says";
+			break;
+		}
+		if (md != NULL)
+			EVP_DigestUpdate(md, dst, (size_t)r);
+		sum = kiln__crc64(sum, dst, (size_t)r);
+		got += (uint64_t)r;
+		if (got == size && (size_t)r < want)
+			break; /* asked for one byte more: the end */
 	}
-	uint8_t digest[32];
-	unsigned int dlen = 32;
-	EVP_DigestFinal_ex(md, digest, &dlen);
-	if (memcmp(digest, hash, 32) != 0) {
+	if (rc == KILN__BLOB_OK && got != size) {
 		rc = KILN__BLOB_BAD;
-		kiln__errf(err, errlen, 0, "%s: SHA-256 mismatch", path);
+		why = "shorter than the index says";
 	}
-done:
+	if (rc != KILN__BLOB_OK) {
+		kiln__errf(err, errlen, 0, "read %s: %s", path, why);
+	} else {
+		uint8_t sb[KILN__CRC_BYTES];
+		kiln__crc_bytes(sum, sb);
+		if (crc != NULL) {
+			if (memcmp(sb, crc, KILN__CRC_BYTES) != 0) {
+				rc = KILN__BLOB_BAD;
+				kiln__errf(err, errlen, 0,
+					   "%s: checksum mismatch", path);
+			}
+		} else {
+			uint8_t digest[32];
+			unsigned int dlen = 32;
+			EVP_DigestFinal_ex(md, digest, &dlen);
+			if (memcmp(digest, hash, 32) != 0) {
+				rc = KILN__BLOB_BAD;
+				kiln__errf(err, errlen, 0,
+					   "%s: SHA-256 mismatch", path);
+			} else if (crc_out != NULL) {
+				memcpy(crc_out, sb, KILN__CRC_BYTES);
+			}
+		}
+	}
 	EVP_MD_CTX_free(md);
 	close(fd);
 	if (rc == KILN__BLOB_OK && out != NULL) {
@@ -252,15 +295,17 @@ done:
 }
 
 int kiln__blob_read(kiln_cache_t *c, const uint8_t hash[32], uint64_t size,
-		    uint8_t **out, char *err, size_t errlen)
+		    const uint8_t *crc, uint8_t *crc_out, uint8_t **out,
+		    char *err, size_t errlen)
 {
 	*out = NULL;
-	return read_verify(c, hash, size, out, err, errlen);
+	return read_verify(c, hash, size, crc, crc_out, out, err, errlen);
 }
 
-int kiln__blob_check(kiln_cache_t *c, const uint8_t hash[32], uint64_t size)
+int kiln__blob_check(kiln_cache_t *c, const uint8_t hash[32], uint64_t size,
+		     const uint8_t *crc, uint8_t *crc_out)
 {
-	return read_verify(c, hash, size, NULL, NULL, 0);
+	return read_verify(c, hash, size, crc, crc_out, NULL, NULL, 0);
 }
 
 void kiln__blob_unlink(kiln_cache_t *c, const uint8_t hash[32])

@@ -173,9 +173,22 @@ static void rollback(kiln__conn_t *k)
 	if (st == NULL)                                                        \
 	return kiln__sqlerr((k), sqlite3_errcode((k)->db), (what), err, errlen)
 
-/* Finds a blob row: 1 found (id, size, refs set), 0 absent, <0 error. */
-static int blob_find(kiln__conn_t *k, const uint8_t hash[32], int64_t *id,
-		     uint64_t *size, int64_t *refs, char *err, size_t errlen)
+/* The row's CRC-64 into out; false when it has none (NULL: a row from
+ * before schema 2, not read since) or a malformed one. */
+static bool col_crc(sqlite3_stmt *st, int i, uint8_t out[KILN__CRC_BYTES])
+{
+	if (sqlite3_column_type(st, i) != SQLITE_BLOB ||
+	    sqlite3_column_bytes(st, i) != KILN__CRC_BYTES)
+		return false;
+	memcpy(out, sqlite3_column_blob(st, i), KILN__CRC_BYTES);
+	return true;
+}
+
+/* Finds a blob row: 1 found (id, size, refs set; its checksum into crc and
+ * *has_crc when those are not NULL), 0 absent, <0 error. */
+static int blob_find_crc(kiln__conn_t *k, const uint8_t hash[32], int64_t *id,
+			 uint64_t *size, int64_t *refs, uint8_t *crc,
+			 bool *has_crc, char *err, size_t errlen)
 {
 	STMT_OR_FAIL(st, k, KILN__ST_BLOB_FIND, "find blob");
 	sqlite3_bind_blob(st, 1, hash, 32, SQLITE_STATIC);
@@ -184,6 +197,8 @@ static int blob_find(kiln__conn_t *k, const uint8_t hash[32], int64_t *id,
 		*id = sqlite3_column_int64(st, 0);
 		*size = (uint64_t)sqlite3_column_int64(st, 1);
 		*refs = sqlite3_column_int64(st, 2);
+		if (has_crc != NULL)
+			*has_crc = col_crc(st, 3, crc);
 	}
 	sqlite3_reset(st);
 	if (rc == SQLITE_ROW)
@@ -191,6 +206,24 @@ static int blob_find(kiln__conn_t *k, const uint8_t hash[32], int64_t *id,
 	if (rc == SQLITE_DONE)
 		return 0;
 	return kiln__sqlerr(k, rc, "find blob", err, errlen);
+}
+
+static int blob_find(kiln__conn_t *k, const uint8_t hash[32], int64_t *id,
+		     uint64_t *size, int64_t *refs, char *err, size_t errlen)
+{
+	return blob_find_crc(k, hash, id, size, refs, NULL, NULL, err, errlen);
+}
+
+/* Records the blob's CRC-64 (a single-statement transaction). Call under
+ * write_mu. */
+static int blob_set_crc(kiln__conn_t *k, const uint8_t hash[32],
+			const uint8_t crc[KILN__CRC_BYTES], char *err,
+			size_t errlen)
+{
+	STMT_OR_FAIL(st, k, KILN__ST_BLOB_CRC, "record checksum");
+	sqlite3_bind_blob(st, 1, hash, 32, SQLITE_STATIC);
+	sqlite3_bind_blob(st, 2, crc, KILN__CRC_BYTES, SQLITE_STATIC);
+	return kiln__exec_stmt(k, st, "record checksum", err, errlen);
 }
 
 /* Drops one reference to blob id; when it was the last, deletes the row
@@ -241,7 +274,10 @@ int kiln__index_put(kiln_cache_t *c, kiln__conn_t *k, const kiln__jrec_t *r,
 		return rc;
 	int64_t id, refs;
 	uint64_t size;
-	rc = blob_find(k, r->hash, &id, &size, &refs, err, errlen);
+	uint8_t crc[KILN__CRC_BYTES];
+	bool has_crc = false;
+	rc = blob_find_crc(k, r->hash, &id, &size, &refs, crc, &has_crc, err,
+			   errlen);
 	if (rc < 0)
 		return rc;
 	if (rc == 1) {
@@ -249,11 +285,21 @@ int kiln__index_put(kiln_cache_t *c, kiln__conn_t *k, const kiln__jrec_t *r,
 		sqlite3_bind_int64(st, 1, id);
 		sqlite3_bind_int64(st, 2, 1);
 		rc = kiln__exec_stmt(k, st, "ref blob", err, errlen);
+		if (rc == 0 && r->has_crc &&
+		    (!has_crc || memcmp(crc, r->crc, KILN__CRC_BYTES) != 0)) {
+			rc = blob_set_crc(k, r->hash, r->crc, err, errlen);
+			fx->crc_changed = true;
+		}
 	} else {
 		STMT_OR_FAIL(st, k, KILN__ST_BLOB_INS, "insert blob");
 		sqlite3_bind_blob(st, 1, r->hash, 32, SQLITE_STATIC);
 		sqlite3_bind_int64(st, 2, (int64_t)r->size);
 		sqlite3_bind_int64(st, 3, 1);
+		if (r->has_crc)
+			sqlite3_bind_blob(st, 4, r->crc, KILN__CRC_BYTES,
+					  SQLITE_STATIC);
+		else
+			sqlite3_bind_null(st, 4);
 		rc = kiln__exec_stmt(k, st, "insert blob", err, errlen);
 		id = sqlite3_last_insert_rowid(k->db);
 		fx->new_blob = true;
@@ -404,6 +450,7 @@ static void touch_queue(kiln_cache_t *c, const uint8_t key[32],
 		t->when = kiln__cache_now();
 		t->hits = hits;
 		t->refresh = last_used < t->when - KILN__LRU_GRANULARITY_S;
+		kiln__memo_hit(c, key, t->when, hits);
 	} else {
 		KILN__COUNT(c, touch_dropped, 1);
 	}
@@ -425,10 +472,14 @@ static void touch_queue(kiln_cache_t *c, const uint8_t key[32],
 /* ---- get --------------------------------------------------------------- */
 
 /* A blob failed its check while pinned by the caller: if its row still
- * exists and the file still fails, drop every row that names it. Returns
- * the rows dropped, or -1 when the blob turned out not to be bad (evicted
- * or re-put meanwhile, or an I/O error). */
-static int drop_bad(kiln_cache_t *c, const uint8_t hash[32])
+ * exists and the file fails its SHA-256 too, drop every row that names
+ * it. A file whose SHA-256 holds was good all along: the row's checksum
+ * was wrong (the index rotted, or the checksum came from a different
+ * read), and it is recorded anew. Returns the rows dropped; DROP_GOOD
+ * when the file's SHA-256 holds (its checksum then in good, when not NULL);
+ * or -1 when the row went meanwhile or the file could not be read. */
+#define DROP_GOOD (-2)
+static int drop_bad(kiln_cache_t *c, const uint8_t hash[32], uint8_t *good)
 {
 	char err[256];
 	int rc, dropped = -1;
@@ -438,9 +489,32 @@ static int drop_bad(kiln_cache_t *c, const uint8_t hash[32])
 		goto out;
 	int64_t id, refs;
 	uint64_t size;
-	rc = blob_find(k, hash, &id, &size, &refs, err, sizeof(err));
-	if (rc != 1 || kiln__blob_check(c, hash, size) != KILN__BLOB_BAD)
-		goto put; /* evicted meanwhile, re-put, or an I/O error */
+	uint8_t crc[KILN__CRC_BYTES], sum[KILN__CRC_BYTES];
+	bool has_crc = false;
+	rc = blob_find_crc(k, hash, &id, &size, &refs, crc, &has_crc, err,
+			   sizeof(err));
+	if (rc != 1)
+		goto put; /* evicted meanwhile */
+	int v = kiln__blob_check(c, hash, size, NULL, sum);
+	if (v == KILN__BLOB_OK) {
+		/* The caller checked against a checksum that does not hold
+		 * for good bytes: a wrong row, or a memo row older than a
+		 * repair. */
+		if ((!has_crc || memcmp(crc, sum, KILN__CRC_BYTES) != 0) &&
+		    blob_set_crc(k, hash, sum, err, sizeof(err)) == 0) {
+			KILN__COUNT(c, checksums_repaired, 1);
+			char hex[KILN__HASH_HEX];
+			kiln__hex(hash, 32, hex);
+			KILN_LOG(KILN_LOG_WARN,
+				 "msg=\"blob checksum repaired\" blob=%s", hex);
+		}
+		kiln__memo_forget_all(c);
+		if (good != NULL)
+			memcpy(good, sum, KILN__CRC_BYTES);
+		dropped = DROP_GOOD;
+	}
+	if (v != KILN__BLOB_BAD)
+		goto put; /* re-put meanwhile, repaired, or an I/O error */
 	rc = begin(k, err, sizeof(err));
 	sqlite3_stmt *st =
 	    rc == 0 ? kiln__stmt(k, KILN__ST_ENTRY_DEL_BLOB) : NULL;
@@ -472,6 +546,7 @@ static int drop_bad(kiln_cache_t *c, const uint8_t hash[32])
 		dropped = -1;
 		goto put;
 	}
+	kiln__memo_forget_all(c); /* every key that named the blob */
 	atomic_fetch_sub(&c->entries, (uint64_t)dropped);
 	atomic_fetch_sub(&c->blobs, 1);
 	atomic_fetch_sub(&c->bytes, size);
@@ -489,10 +564,14 @@ out:
 	return dropped;
 }
 
-/* Reads key's row into e; 1 found, 0 absent, <0 error. */
-static int lookup(kiln_cache_t *c, const uint8_t key[32], kiln_cache_entry_t *e,
+/* Reads key's row (from the memo, or from the index, then kept in the
+ * memo); 1 found, 0 absent, <0 error. */
+static int lookup(kiln_cache_t *c, const uint8_t key[32], kiln__memo_row_t *m,
 		  char *err, size_t errlen)
 {
+	if (kiln__memo_get(c, key, m))
+		return 1;
+	uint64_t gen = kiln__memo_gen(c, key);
 	int rc = 0;
 	kiln__conn_t *k = kiln__conn_get(c, &rc, err, errlen);
 	if (k == NULL)
@@ -504,19 +583,20 @@ static int lookup(kiln_cache_t *c, const uint8_t key[32], kiln_cache_entry_t *e,
 		kiln__conn_put(c, k);
 		return rc;
 	}
-	int64_t build = 0;
 	sqlite3_bind_blob(st, 1, key, KILN_CACHE_KEY_BYTES, SQLITE_STATIC);
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
-		memcpy(e->key, key, KILN_CACHE_KEY_BYTES);
-		col32(st, 0, e->blob);
-		e->size = (uint64_t)sqlite3_column_int64(st, 1);
-		build = sqlite3_column_int64(st, 2);
-		e->created = sqlite3_column_int64(st, 3);
-		e->last_used = sqlite3_column_int64(st, 4);
-		e->hits = (uint64_t)sqlite3_column_int64(st, 5);
-		e->compile_ms = (uint32_t)sqlite3_column_int64(st, 6);
-		e->source = (kiln_cache_source_t)sqlite3_column_int(st, 7);
+		memset(m, 0, sizeof(*m));
+		memcpy(m->key, key, KILN_CACHE_KEY_BYTES);
+		col32(st, 0, m->blob);
+		m->size = (uint64_t)sqlite3_column_int64(st, 1);
+		m->build = sqlite3_column_int64(st, 2);
+		m->created = sqlite3_column_int64(st, 3);
+		m->last_used = sqlite3_column_int64(st, 4);
+		m->hits = (uint64_t)sqlite3_column_int64(st, 5);
+		m->compile_ms = (uint32_t)sqlite3_column_int64(st, 6);
+		m->source = (uint8_t)sqlite3_column_int(st, 7);
+		m->has_crc = col_crc(st, 8, m->crc);
 		rc = 1;
 	} else if (rc == SQLITE_DONE) {
 		rc = 0;
@@ -526,15 +606,39 @@ static int lookup(kiln_cache_t *c, const uint8_t key[32], kiln_cache_entry_t *e,
 	sqlite3_reset(st); /* ends the read transaction now */
 	kiln__conn_put(c, k);
 	if (rc == 1)
-		kiln__build_lookup(c, build, e);
+		kiln__memo_fill(c, m, gen);
 	return rc;
+}
+
+/* A blob whose row had no checksum (schema 1) passed its SHA-256: record
+ * the checksum so later reads take the fast check (and in key's memo row,
+ * when key is not NULL). Best effort: a store on a read-only filesystem
+ * keeps reading by SHA-256. */
+static void record_crc(kiln_cache_t *c, const uint8_t *key,
+		       const uint8_t hash[32], const uint8_t crc[KILN__CRC_BYTES])
+{
+	char err[256];
+	int rc = 0;
+	pthread_mutex_lock(&c->write_mu);
+	kiln__conn_t *k = kiln__conn_get(c, &rc, err, sizeof(err));
+	if (k != NULL) {
+		rc = blob_set_crc(k, hash, crc, err, sizeof(err));
+		kiln__conn_put(c, k);
+	}
+	pthread_mutex_unlock(&c->write_mu);
+	if (rc == 0 && key != NULL)
+		kiln__memo_set_crc(c, key, crc);
+	else
+		KILN_LOG(KILN_LOG_DEBUG,
+			 "msg=\"checksum not recorded\" err=\"%s\"", err);
 }
 
 int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 		   kiln_cache_blob_t *out, char *err, size_t errlen)
 {
 	memset(out, 0, sizeof(*out));
-	int rc = lookup(c, key, &out->entry, err, errlen);
+	kiln__memo_row_t m;
+	int rc = lookup(c, key, &m, err, errlen);
 	if (rc <= 0) {
 		if (rc == 0) {
 			KILN__COUNT(c, misses, 1);
@@ -543,20 +647,38 @@ int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 		}
 		return rc;
 	}
-	const uint8_t *hash = out->entry.blob;
+	kiln_cache_entry_t *e = &out->entry;
+	memcpy(e->key, key, KILN_CACHE_KEY_BYTES);
+	memcpy(e->blob, m.blob, 32);
+	e->size = m.size;
+	e->created = m.created;
+	e->last_used = m.last_used;
+	e->hits = m.hits;
+	e->compile_ms = m.compile_ms;
+	e->source = (kiln_cache_source_t)m.source;
+	kiln__build_lookup(c, m.build, e);
+	const uint8_t *hash = m.blob;
 	if (!pin_read(c, hash)) { /* being evicted right now */
 		KILN__COUNT(c, misses, 1);
 		return kiln__errf(err, errlen, KILN_ENOTFOUND,
 				  "evicted while looked up");
 	}
-	rc = kiln__blob_read(c, hash, out->entry.size, &out->data, err, errlen);
-	if (rc == KILN__BLOB_BAD)
-		drop_bad(c, hash);
+	uint8_t sum[KILN__CRC_BYTES];
+	rc = kiln__blob_read(c, hash, m.size, m.has_crc ? m.crc : NULL, sum,
+			     &out->data, err, errlen);
+	if (rc == KILN__BLOB_BAD && m.has_crc &&
+	    drop_bad(c, hash, m.crc) == DROP_GOOD) /* the row was wrong */
+		rc = kiln__blob_read(c, hash, m.size, m.crc, NULL, &out->data,
+				     err, errlen);
+	else if (rc == KILN__BLOB_BAD)
+		drop_bad(c, hash, NULL);
 	unpin(c, hash);
 	if (rc == KILN__BLOB_OK) {
-		out->size = (size_t)out->entry.size;
+		if (!m.has_crc)
+			record_crc(c, key, hash, sum);
+		out->size = (size_t)m.size;
 		KILN__COUNT(c, hits, 1);
-		touch_queue(c, key, out->entry.last_used, 1);
+		touch_queue(c, key, m.last_used, 1);
 		return 0;
 	}
 	KILN__COUNT(c, misses, 1);
@@ -681,6 +803,8 @@ static int gc_batch(kiln_cache_t *c, kiln__conn_t *k, uint64_t need,
 		rc = commit(k, err, errlen);
 	if (rc < 0)
 		rollback(k);
+	for (int i = 0; rc == 0 && i < chosen; i++)
+		kiln__memo_forget(c, v[i].key);
 	uint64_t blobs_gone = 0;
 	pthread_mutex_lock(&c->pin_mu);
 	for (int i = 0; i < chosen; i++) {
@@ -780,11 +904,15 @@ static int blob_present(kiln_cache_t *c, const uint8_t hash[32])
 		return 0;
 	int64_t id, refs;
 	uint64_t size;
-	int found = blob_find(k, hash, &id, &size, &refs, NULL, 0);
+	uint8_t crc[KILN__CRC_BYTES];
+	bool has_crc = false;
+	int found =
+	    blob_find_crc(k, hash, &id, &size, &refs, crc, &has_crc, NULL, 0);
 	kiln__conn_put(c, k);
 	if (found != 1)
 		return 0;
-	return kiln__blob_check(c, hash, size) == KILN__BLOB_OK;
+	return kiln__blob_check(c, hash, size, has_crc ? crc : NULL, NULL) ==
+	       KILN__BLOB_OK;
 }
 
 static int check_meta(const kiln_cache_meta_t *m, char *err, size_t errlen)
@@ -844,6 +972,10 @@ static int put_index(kiln_cache_t *c, const kiln__jrec_t *r, bool wrote,
 		else if (f < 0)
 			atomic_store(&c->dirty, true);
 	} else {
+		if (fx->crc_changed) /* other keys' rows name the blob */
+			kiln__memo_forget_all(c);
+		else
+			kiln__memo_forget(c, r->key);
 		gauges_put(c, fx, r->size);
 		keep_file(c, r->hash);
 		if (fx->old_freed)
@@ -907,6 +1039,8 @@ int kiln_cache_put(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	kiln__jrec_t r;
 	memcpy(r.key, key, KILN_CACHE_KEY_BYTES);
 	kiln__sha256(c, size > 0 ? bytes : "", size, r.hash);
+	kiln__crc_bytes(kiln__crc64(0, bytes, size), r.crc);
+	r.has_crc = true;
 	r.size = size;
 	r.created = kiln__cache_now();
 	r.compile_ms = m->compile_ms;
@@ -1041,6 +1175,7 @@ int kiln_cache_evict(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	if (rc < 0) {
 		rollback(k);
 	} else {
+		kiln__memo_forget(c, key);
 		atomic_fetch_sub(&c->entries, 1);
 		KILN__COUNT(c, evictions, 1);
 		if (freed) {
@@ -1214,7 +1349,7 @@ int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 		return rc;
 	sqlite3_stmt *st;
 	rc = sqlite3_prepare_v2(k->db,
-				"SELECT id, hash, size, refs FROM blobs "
+				"SELECT id, hash, size, refs, crc FROM blobs "
 				"WHERE id > ?1 ORDER BY id LIMIT 256",
 				-1, &st, NULL);
 	if (rc != SQLITE_OK) {
@@ -1227,6 +1362,8 @@ int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 		uint8_t hash[32];
 		uint64_t size;
 		int64_t refs;
+		bool has_crc;
+		uint8_t crc[KILN__CRC_BYTES];
 	} item_t;
 	item_t page[256];
 	for (;;) {
@@ -1239,6 +1376,7 @@ int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 			col32(st, 1, page[n].hash);
 			page[n].size = (uint64_t)sqlite3_column_int64(st, 2);
 			page[n].refs = sqlite3_column_int64(st, 3);
+			page[n].has_crc = col_crc(st, 4, page[n].crc);
 			n++;
 		}
 		sqlite3_reset(st);
@@ -1252,11 +1390,26 @@ int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 		for (int i = 0; i < n; i++) {
 			if (!pin_read(c, page[i].hash))
 				continue; /* being evicted */
-			int v = kiln__blob_check(c, page[i].hash, page[i].size);
+			/* The SHA-256 decides; the row's checksum is
+			 * filled in (schema 1) or set right (a rotted
+			 * row) from the same read. */
+			uint8_t sum[KILN__CRC_BYTES];
+			int v = kiln__blob_check(c, page[i].hash, page[i].size,
+						 NULL, sum);
+			if (v == KILN__BLOB_OK && !page[i].has_crc) {
+				record_crc(c, NULL, page[i].hash, sum);
+			} else if (v == KILN__BLOB_OK &&
+				   memcmp(sum, page[i].crc, KILN__CRC_BYTES)) {
+				record_crc(c, NULL, page[i].hash, sum);
+				kiln__memo_forget_all(c);
+				KILN__COUNT(c, checksums_repaired, 1);
+				out->checksums_repaired++;
+			}
 			out->blobs_checked++;
 			out->bytes_checked += page[i].size;
-			int d = v == KILN__BLOB_BAD ? drop_bad(c, page[i].hash)
-						    : -1;
+			int d = v == KILN__BLOB_BAD
+				    ? drop_bad(c, page[i].hash, NULL)
+				    : -1;
 			if (d >= 0) { /* still bad under the write lock */
 				out->blobs_bad++;
 				out->entries_dropped += (uint64_t)d;

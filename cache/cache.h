@@ -117,6 +117,7 @@ typedef struct kiln_cache_blob {
 	X(evicted_bytes,    "blob bytes removed by eviction")                   \
 	X(gc_runs,          "gc passes")                                        \
 	X(corrupt_dropped,  "entries dropped: blob missing or hash mismatch")   \
+	X(checksums_repaired, "blob checksums in the index found wrong, rewritten") \
 	X(touch_flushes,    "batched last_used writes")                         \
 	X(touch_dropped,    "hits whose last_used write failed (disk full)")    \
 	X(orphan_blobs,     "blob files without a row, removed at open")        \
@@ -154,11 +155,14 @@ int kiln_cache_open(const char *dir, const kiln_cache_options_t *opts,
 void kiln_cache_close(kiln_cache_t *c);
 
 /*
- * Looks key up and reads its blob, verifying its SHA-256. 0 on a hit (out
- * filled; release it), KILN_ENOTFOUND on a miss. A blob that is missing,
- * short or fails the hash is a miss: its rows are dropped and counted in
- * corrupt_dropped. Other errors (-ENOMEM, -EIO from the index) are returned
- * as such. A blob being read is never evicted.
+ * Looks key up and reads its blob, verifying its CRC-64 against the
+ * index row (the SHA-256 of its name for a row written before schema 2,
+ * which then gets its checksum). 0 on a hit (out filled; release it),
+ * KILN_ENOTFOUND on a miss. A blob that is missing, short or fails the
+ * check is a miss: when its SHA-256 fails too, its rows are dropped and
+ * counted in corrupt_dropped (when it holds, the row's checksum was wrong
+ * and is rewritten: checksums_repaired). Other errors (-ENOMEM, -EIO from the
+ * index) are returned as such. A blob being read is never evicted.
  */
 int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 		   kiln_cache_blob_t *out, char *err, size_t errlen);
@@ -254,13 +258,16 @@ void kiln_cache_stats_each(const kiln_cache_stats_t *s,
 typedef struct kiln_cache_verify_result {
 	uint64_t blobs_checked;
 	uint64_t bytes_checked;
-	uint64_t blobs_bad;	  /* missing, short or hash mismatch */
-	uint64_t entries_dropped; /* rows that pointed at a bad blob */
+	uint64_t blobs_bad;	     /* missing, short or hash mismatch */
+	uint64_t entries_dropped;    /* rows that pointed at a bad blob */
+	uint64_t checksums_repaired; /* good blobs whose row checksum was
+					wrong: rewritten */
 } kiln_cache_verify_result_t;
 
-/* Re-hashes every blob; drops the rows of those that fail (counted in
- * corrupt_dropped too). Long: runs on the caller's thread while gets and
- * puts go on. */
+/* Re-hashes every blob with SHA-256 (the name); drops the rows of those
+ * that fail (counted in corrupt_dropped too), and records the CRC-64
+ * that gets check wherever a row lacks it or has it wrong. Long: runs on the
+ * caller's thread while gets and puts go on. */
 int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 		      char *err, size_t errlen);
 

@@ -9,13 +9,15 @@
  *   pin_mu    the pin table (blobs being read or put; blobs being evicted).
  *   touch_mu  the buffer of pending hits.
  *   builds_mu the (target, fingerprint) table cache.
- * pool_mu, pin_mu, touch_mu and builds_mu are leaves: nothing else is taken
- * while one is held.
+ *   memo_mu   the hot-row memo's stripes (memo.c).
+ * pool_mu, pin_mu, touch_mu, builds_mu and memo_mu are leaves: nothing
+ * else is taken while one is held.
  */
 #ifndef KILN_CACHE_INTERNAL_H
 #define KILN_CACHE_INTERNAL_H
 
 #include "cache/cache.h"
+#include "cache/checksum.h"
 #include "protocol/protocol.h"
 
 #include <openssl/evp.h>
@@ -24,7 +26,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#define KILN__CACHE_SCHEMA 1
+#define KILN__CACHE_SCHEMA 2
 #define KILN__HASH_HEX	   65
 
 /* Prepared statements every connection keeps (name, SQL). */
@@ -34,7 +36,7 @@
 	X(COMMIT, "COMMIT")                                                     \
 	X(ROLLBACK, "ROLLBACK")                                                 \
 	X(GET, "SELECT b.hash, e.size, e.build, e.created, e.last_used, "      \
-	       "e.hits, e.compile_ms, e.source FROM entries e "                 \
+	       "e.hits, e.compile_ms, e.source, b.crc FROM entries e "          \
 	       "JOIN blobs b ON b.id = e.blob WHERE e.key = ?1")                \
 	X(EXISTS, "SELECT 1 FROM entries WHERE key = ?1")                       \
 	X(ENTRY_BLOB, "SELECT blob FROM entries WHERE key = ?1")                \
@@ -46,9 +48,11 @@
 	X(HITS, "UPDATE entries SET hits = hits + ?2 WHERE key = ?1")          \
 	X(TOUCH, "UPDATE entries SET last_used = max(last_used, ?2), "          \
 		 "hits = hits + ?3 WHERE key = ?1")                             \
-	X(BLOB_FIND, "SELECT id, size, refs FROM blobs WHERE hash = ?1")        \
+	X(BLOB_FIND, "SELECT id, size, refs, crc FROM blobs WHERE hash = ?1")   \
 	X(BLOB_BY_ID, "SELECT hash, size, refs FROM blobs WHERE id = ?1")       \
-	X(BLOB_INS, "INSERT INTO blobs(hash, size, refs) VALUES(?1, ?2, ?3)")   \
+	X(BLOB_INS, "INSERT INTO blobs(hash, size, refs, crc) "                 \
+		    "VALUES(?1, ?2, ?3, ?4)")                                   \
+	X(BLOB_CRC, "UPDATE blobs SET crc = ?2 WHERE hash = ?1")                \
 	X(BLOB_REFS, "UPDATE blobs SET refs = refs + ?2 WHERE id = ?1")         \
 	X(BLOB_DEL, "DELETE FROM blobs WHERE id = ?1")                          \
 	X(LRU, "SELECT e.key, e.blob, b.hash, b.size, b.refs FROM entries e "   \
@@ -99,6 +103,22 @@ typedef struct kiln__touch {
  * which is all an LRU measured in seconds needs. */
 #define KILN__LRU_GRANULARITY_S 60
 
+/* What a get needs of an entry's row (memo.c). */
+typedef struct kiln__memo_row {
+	uint8_t key[KILN_CACHE_KEY_BYTES];
+	uint8_t blob[32];
+	uint8_t crc[KILN__CRC_BYTES];
+	bool has_crc; /* false: a row from before schema 2, not yet read */
+	bool valid;
+	uint8_t source;
+	uint32_t compile_ms;
+	uint64_t size, hits;
+	int64_t build, created, last_used;
+} kiln__memo_row_t;
+
+#define KILN__MEMO_SLOTS   8192 /* ~1 MB */
+#define KILN__MEMO_STRIPES 64
+
 typedef struct kiln__build {
 	int64_t id;
 	char target[KILN_CACHE_TARGET_MAX];
@@ -142,6 +162,10 @@ struct kiln_cache {
 	pthread_mutex_t builds_mu;
 	kiln__build_t *builds;
 	size_t nbuilds, cap_builds;
+
+	kiln__memo_row_t *memo; /* KILN__MEMO_SLOTS */
+	pthread_mutex_t memo_mu[KILN__MEMO_STRIPES];
+	uint64_t memo_gen[KILN__MEMO_STRIPES]; /* under memo_mu */
 
 	/* Gauges, changed under write_mu, read anywhere. */
 	_Atomic uint64_t entries, blobs, bytes;
@@ -197,14 +221,19 @@ int kiln__blob_write(kiln_cache_t *c, const uint8_t hash[32], const void *bytes,
 		     size_t n, bool *named, char *err, size_t errlen);
 
 enum { KILN__BLOB_OK = 0, KILN__BLOB_BAD = 1, KILN__BLOB_IOERR = 2 };
-/* Reads and verifies a blob of the given size into a malloc'd buffer.
- * KILN__BLOB_OK (*out set), KILN__BLOB_BAD (missing, wrong size, hash
- * mismatch), KILN__BLOB_IOERR (EIO and the like: not the blob's fault), or
- * -ENOMEM. */
+/* Reads and verifies a blob of the given size into a malloc'd buffer:
+ * against crc (the row's CRC-64) when it is not NULL, else against the
+ * SHA-256 of its name, then also writing its CRC-64 to crc_out (when not
+ * NULL). KILN__BLOB_OK (*out set), KILN__BLOB_BAD (missing, wrong size,
+ * hash mismatch), KILN__BLOB_IOERR (EIO and the like: not the blob's
+ * fault), or -ENOMEM. */
 int kiln__blob_read(kiln_cache_t *c, const uint8_t hash[32], uint64_t size,
-		    uint8_t **out, char *err, size_t errlen);
-/* Checks a blob file without keeping its bytes (same results). */
-int kiln__blob_check(kiln_cache_t *c, const uint8_t hash[32], uint64_t size);
+		    const uint8_t *crc, uint8_t *crc_out, uint8_t **out,
+		    char *err, size_t errlen);
+/* Checks a blob file without keeping its bytes (same arguments and
+ * results). */
+int kiln__blob_check(kiln_cache_t *c, const uint8_t hash[32], uint64_t size,
+		     const uint8_t *crc, uint8_t *crc_out);
 /* Unlinks the blob file (ENOENT is fine). */
 void kiln__blob_unlink(kiln_cache_t *c, const uint8_t hash[32]);
 
@@ -214,6 +243,29 @@ int kiln__objects_walk(kiln_cache_t *c,
 		       int (*fn)(const uint8_t hash[32], const char *path,
 				 uint64_t size, void *arg),
 		       void *arg);
+
+/* ---- memo.c: the hot-row memo ---------------------------------------- */
+
+int kiln__memo_init(kiln_cache_t *c);
+void kiln__memo_free(kiln_cache_t *c);
+/* The key's stripe generation: read before a lookup, passed to fill. */
+uint64_t kiln__memo_gen(kiln_cache_t *c, const uint8_t key[32]);
+/* Copies key's row into out; false when the memo does not hold it. */
+bool kiln__memo_get(kiln_cache_t *c, const uint8_t key[32],
+		    kiln__memo_row_t *out);
+/* Keeps row unless a forget hit its stripe since gen was read. */
+void kiln__memo_fill(kiln_cache_t *c, const kiln__memo_row_t *row,
+		     uint64_t gen);
+/* After a commit that changed or removed key's row. */
+void kiln__memo_forget(kiln_cache_t *c, const uint8_t key[32]);
+/* After a commit that changed rows of keys not known (a blob's). */
+void kiln__memo_forget_all(kiln_cache_t *c);
+/* A queued hit: hits added, last_used raised to when. */
+void kiln__memo_hit(kiln_cache_t *c, const uint8_t key[32], int64_t when,
+		    uint32_t hits);
+/* The blob's checksum, recorded after its first read under schema 2. */
+void kiln__memo_set_crc(kiln_cache_t *c, const uint8_t key[32],
+			const uint8_t crc[KILN__CRC_BYTES]);
 
 /* ---- journal.c --------------------------------------------------------- */
 
@@ -226,6 +278,10 @@ typedef struct kiln__jrec {
 	uint8_t source;
 	char target[KILN_CACHE_TARGET_MAX];
 	char fingerprint[KILN_CACHE_FINGERPRINT_MAX];
+	/* Not in the journal: the CRC-64 of the bytes when known (a put, a
+	 * rebuild that read the blob), for the blob's row. */
+	bool has_crc;
+	uint8_t crc[KILN__CRC_BYTES];
 } kiln__jrec_t;
 
 /* Appends one record (call under write_mu). A short write is cut back so
@@ -247,9 +303,10 @@ int kiln__journal_compact(kiln_cache_t *c, kiln__conn_t *k, char *err,
 
 /* What recording a put changed, for the gauges and the blob files. */
 typedef struct kiln__put_effect {
-	bool new_blob;	/* a blobs row was inserted */
-	bool had_old;	/* the key had an entry before */
-	bool old_freed; /* ... whose blob lost its last reference */
+	bool new_blob;	  /* a blobs row was inserted */
+	bool had_old;	  /* the key had an entry before */
+	bool old_freed;	  /* ... whose blob lost its last reference */
+	bool crc_changed; /* the blob's checksum was recorded anew */
 	uint8_t old_hash[32];
 	uint64_t old_size;
 } kiln__put_effect_t;

@@ -152,6 +152,7 @@ int kiln__journal_replay(kiln_cache_t *c,
 		r.created = (int64_t)get_le(body + 72, 8);
 		r.compile_ms = (uint32_t)get_le(body + 80, 4);
 		r.source = body[84];
+		r.has_crc = false;
 		memcpy(r.target, body + JFIXED, tl);
 		r.target[tl] = '\0';
 		memcpy(r.fingerprint, body + JFIXED + tl, fl);
@@ -192,7 +193,7 @@ int kiln__journal_compact(kiln_cache_t *c, kiln__conn_t *k, char *err,
 	}
 	int wrc = 0;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		kiln__jrec_t r;
+		kiln__jrec_t r = {.has_crc = false};
 		kiln_cache_entry_t e;
 		memcpy(r.key, sqlite3_column_blob(st, 0), 32);
 		memcpy(r.hash, sqlite3_column_blob(st, 1), 32);

@@ -44,6 +44,9 @@ static const char *const migrations[KILN__CACHE_SCHEMA] = {
     " source INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;"
     "CREATE INDEX entries_lru ON entries(last_used, created);"
     "CREATE TABLE meta(k TEXT PRIMARY KEY, v) WITHOUT ROWID;",
+    /* 1 -> 2: the CRC-64 each read checks (NULL until the blob's first
+     * read after the migration checks its SHA-256 and fills it in). */
+    "ALTER TABLE blobs ADD COLUMN crc BLOB;",
 };
 
 int64_t kiln__cache_now(void)
@@ -473,6 +476,7 @@ typedef struct found_blob {
 	uint8_t hash[32];
 	uint64_t size;
 	bool used;
+	uint8_t crc[KILN__CRC_BYTES];
 } found_blob_t;
 
 typedef struct rebuild {
@@ -496,7 +500,8 @@ static int rebuild_blob(const uint8_t hash[32], const char *path, uint64_t size,
 			void *arg)
 {
 	rebuild_t *r = arg;
-	int v = kiln__blob_check(r->c, hash, size);
+	uint8_t crc[KILN__CRC_BYTES];
+	int v = kiln__blob_check(r->c, hash, size, NULL, crc);
 	if (v == KILN__BLOB_BAD) {
 		KILN_LOG(KILN_LOG_WARN, "msg=\"corrupt blob removed\" path=%s",
 			 path);
@@ -517,6 +522,7 @@ static int rebuild_blob(const uint8_t hash[32], const char *path, uint64_t size,
 	memcpy(r->v[r->n].hash, hash, 32);
 	r->v[r->n].size = size;
 	r->v[r->n].used = false;
+	memcpy(r->v[r->n].crc, crc, KILN__CRC_BYTES);
 	r->n++;
 	return 0;
 }
@@ -529,9 +535,12 @@ static int rebuild_record(const kiln__jrec_t *rec, void *arg)
 	found_blob_t *f = bsearch(&key, r->v, r->n, sizeof(*r->v), cmp_found);
 	if (f == NULL || f->size != rec->size)
 		return 0;
+	kiln__jrec_t full = *rec; /* with the checksum of the blob read */
+	full.has_crc = true;
+	memcpy(full.crc, f->crc, KILN__CRC_BYTES);
 	kiln__put_effect_t fx;
-	int rc = kiln__index_put(r->c, r->k, rec, rec->created, 0, &fx, r->err,
-				 r->errlen);
+	int rc = kiln__index_put(r->c, r->k, &full, rec->created, 0, &fx,
+				 r->err, r->errlen);
 	if (rc < 0)
 		return rc;
 	f->used = true;
@@ -873,6 +882,7 @@ static void cache_free(kiln_cache_t *c)
 	if (c->lock_fd >= 0)
 		close(c->lock_fd); /* releases the flock */
 	EVP_MD_free(c->sha256);
+	kiln__memo_free(c);
 	pthread_mutex_destroy(&c->write_mu);
 	pthread_mutex_destroy(&c->pool_mu);
 	pthread_mutex_destroy(&c->pin_mu);
@@ -935,7 +945,7 @@ int kiln_cache_open(const char *dir, const kiln_cache_options_t *opts,
 		goto fail;
 	c->touches =
 	    calloc(4 * (size_t)c->opts.touch_batch, sizeof(*c->touches));
-	if (c->touches == NULL) {
+	if (c->touches == NULL || kiln__memo_init(c) < 0) {
 		rc = -ENOMEM;
 		goto fail;
 	}

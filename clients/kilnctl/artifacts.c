@@ -390,11 +390,17 @@ int cmd_verify(ctl_t *x, int argc, char **argv)
 		return EX_ERROR;
 	}
 	printf("checked %" PRIu64 " %s (%s): %" PRIu64 " bad, %" PRIu64
-	       " %s dropped\n",
+	       " %s dropped",
 	       vr.blobs_checked, ctl_plural(vr.blobs_checked, "blob", "blobs"),
 	       ctl_fmt_bytes(vr.bytes_checked, b2, sizeof(b2)), vr.blobs_bad,
 	       vr.entries_dropped,
 	       ctl_plural(vr.entries_dropped, "entry", "entries"));
+	if (vr.checksums_repaired > 0) /* the index row was wrong, not the
+					  blob */
+		printf(
+		    ", %" PRIu64 " index %s rewritten", vr.checksums_repaired,
+		    ctl_plural(vr.checksums_repaired, "checksum", "checksums"));
+	printf("\n");
 	if (vr.blobs_bad > 0) {
 		ctl_errmsg("verify: %" PRIu64 " corrupt %s in %s (the "
 			   "entries were dropped: the next request for them "

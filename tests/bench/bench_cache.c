@@ -20,8 +20,9 @@
  * journal, objects/); then it is reopened with the default options (the
  * open is timed: quick_check included) and, warm (every byte in the page
  * cache), every probe is read once and checked, then for random probes:
- *   kiln  kiln_cache_get + kiln_cache_blob_release (index lookup, blob read,
- *         SHA-256 check, the batched last_used write when it falls due);
+ *   kiln  kiln_cache_get + kiln_cache_blob_release (the key's row from the
+ *         hot-row memo or the index, blob read, CRC-64 check, the
+ *         batched last_used write when it falls due);
  *   peer  open + fstat + malloc + read of the whole blob file (its path,
  *         objects/ab/<62 hex>, computed here from the bytes) + close + free:
  *         what any program pays to read a file whose name it knows.
@@ -30,9 +31,10 @@
  * (the mean carries the batched last_used writes, done by one get in 256),
  * and the ratio of the p50s; the target is kiln <= 1.5x peer. The same for
  * random small entries over the whole index (peer: the same small file).
- * Then a breakdown: SHA-256 of a blob alone (over bytes just read, p50), a
- * get of an absent key (the key lookup alone, without the join to the blob
- * row) and kiln_cache_touch (the same lookup + queueing the hit).
+ * Then a breakdown: CRC-64 (the check a get makes) and SHA-256 (the
+ * blob's name, checked by put and verify) of a blob alone (over bytes just
+ * read, p50), a get of an absent key (the key lookup alone, without the join to
+ * the blob row) and kiln_cache_touch (the same lookup + queueing the hit).
  *
  * Put throughput: on fresh stores, default options (fsync of blob and
  * directory) and no_fsync, distinct 4 KB, 256 KB and 4 MB blobs for 2 s
@@ -44,6 +46,7 @@
  * status. CLOCK_MONOTONIC around each call. MB = 10^6 bytes, KB = 1024.
  */
 #include "cache/cache.h"
+#include "cache/checksum.h"
 #include "protocol/protocol.h"
 
 #include <dirent.h>
@@ -132,6 +135,7 @@ static size_t small_size(uint64_t i)
 }
 
 static EVP_MD *sha256_md;
+static volatile uint64_t crc_sink; /* keeps the timed CRC */
 static EVP_MD_CTX *sha_ctx;
 
 static void sha256(const void *p, size_t n, uint8_t out[32])
@@ -295,7 +299,7 @@ static void file_size(const char *path, uint64_t *size, uint64_t *alloc)
 
 typedef struct hit_row {
 	double kiln_p50, kiln_p99, kiln_mean, peer_p50, peer_p99, peer_mean;
-	double sha_p50;
+	double sha_p50, crc_p50;
 	size_t gets;
 } hit_row_t;
 
@@ -819,10 +823,14 @@ static void hits(kiln_cache_t *c, n_result_t *r)
 				exit(1);
 			uint64_t t0 = now_ns();
 			sha256(data, (size_t)len, sha);
-			kl[k] = now_ns() - t0;
+			uint64_t t1 = now_ns();
+			crc_sink = kiln__crc64(0, data, (size_t)len);
+			kl[k] = t1 - t0;
+			pl[k] = now_ns() - t1;
 			free(data);
 		}
 		h->sha_p50 = pct_us(kl, n, 50);
+		h->crc_p50 = pct_us(pl, n, 50);
 		free(kl);
 		free(pl);
 	}
@@ -864,23 +872,22 @@ static void hits(kiln_cache_t *c, n_result_t *r)
 	printf("    %-34s", "peer read (open..close)");
 	for (int s = 0; s <= N_SIZES; s++)
 		printf(" %10.1f", r->hit[s].peer_p50);
-	printf("\n    %-34s", "SHA-256 of the bytes alone");
+	printf("\n    %-34s", "CRC-64 alone (ISA-L)");
+	for (int s = 0; s <= N_SIZES; s++)
+		printf(" %10.1f", r->hit[s].crc_p50);
+	printf("\n    %-34s", "SHA-256 alone (put, verify)");
 	for (int s = 0; s <= N_SIZES; s++)
 		printf(" %10.1f", r->hit[s].sha_p50);
 	printf("\n    %-34s", "key lookup alone (absent-key get)");
 	for (int s = 0; s <= N_SIZES; s++)
 		printf(" %10.1f", r->miss_p50);
-	printf("\n    %-34s", "sum: peer + SHA-256 + lookup");
-	for (int s = 0; s <= N_SIZES; s++)
-		printf(" %10.1f",
-		       r->hit[s].peer_p50 + r->hit[s].sha_p50 + r->miss_p50);
 	printf("\n    %-34s", "kiln get (measured)");
 	for (int s = 0; s <= N_SIZES; s++)
 		printf(" %10.1f", r->hit[s].kiln_p50);
-	printf("\n    %-34s", "kiln / (peer + SHA-256)");
+	printf("\n    %-34s", "kiln / (peer + CRC-64)");
 	for (int s = 0; s <= N_SIZES; s++)
 		printf(" %9.2fx", r->hit[s].kiln_p50 /
-				      (r->hit[s].peer_p50 + r->hit[s].sha_p50));
+				      (r->hit[s].peer_p50 + r->hit[s].crc_p50));
 	printf("\n");
 }
 

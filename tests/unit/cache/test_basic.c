@@ -243,6 +243,72 @@ Test(basic, replace_key)
 	free(b);
 }
 
+/* A get keeps the row it read in memory (the hot-row memo): every write
+ * that changes or removes the row must be seen by the next get. */
+Test(basic, gets_follow_every_write_after_a_hit)
+{
+	store = store_open(dir, NULL);
+	uint8_t *a = gen_bytes(300, 5000);
+	uint8_t *b = gen_bytes(301, 6000);
+	kiln_cache_meta_t ma = {.target = "a", .compile_ms = 1};
+	kiln_cache_meta_t mb = {.target = "b", .compile_ms = 2};
+
+	/* replace */
+	put_ok(store, 1, a, 5000, &ma);
+	expect_hit(store, 1, a, 5000, NULL);
+	put_ok(store, 1, b, 6000, &mb);
+	kiln_cache_blob_t h;
+	expect_hit(store, 1, b, 6000, &h);
+	cr_assert_str_eq(h.entry.target, "b");
+	cr_assert_eq(h.entry.compile_ms, 2);
+	kiln_cache_blob_release(&h);
+
+	/* hits counted before they are written */
+	expect_hit(store, 1, b, 6000, &h);
+	uint64_t hits = h.entry.hits;
+	kiln_cache_blob_release(&h);
+	expect_hit(store, 1, b, 6000, &h);
+	cr_assert_eq(h.entry.hits, hits + 1);
+	kiln_cache_blob_release(&h);
+
+	/* evict, then put back */
+	cr_assert_eq(evict_n(1), 0);
+	expect_miss(store, 1);
+	put_ok(store, 1, a, 5000, &ma);
+	expect_hit(store, 1, a, 5000, NULL);
+
+	/* gc */
+	uint64_t ev = 0;
+	char err[256] = "";
+	cr_assert_eq(kiln_cache_gc(store, 0, &ev, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_assert_eq(ev, 1);
+	expect_miss(store, 1);
+
+	/* a shared blob that rots: both keys miss, through the memo too */
+	put_ok(store, 2, a, 5000, &ma);
+	put_ok(store, 3, a, 5000, &mb);
+	expect_hit(store, 2, a, 5000, NULL);
+	expect_hit(store, 3, a, 5000, NULL);
+	char pa[PATH_MAX];
+	blob_path(dir, a, 5000, pa);
+	file_flip_byte(pa, 4999);
+	expect_miss(store, 2);
+	expect_miss(store, 3);
+	kiln_cache_stats_t s = stats_of(store);
+	cr_assert_eq(s.corrupt_dropped, 2);
+	cr_assert_eq(s.entries, 0);
+
+	/* the same bytes put again heal both */
+	put_ok(store, 2, a, 5000, &ma);
+	put_ok(store, 3, a, 5000, &mb);
+	expect_hit(store, 2, a, 5000, NULL);
+	expect_hit(store, 3, a, 5000, NULL);
+	close_store();
+	free(a);
+	free(b);
+}
+
 Test(basic, dedup_one_blob_for_equal_bytes)
 {
 	store = store_open(dir, NULL);

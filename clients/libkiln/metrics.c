@@ -186,6 +186,8 @@ static const known_t KNOWN[] = {
 	{"store.gc_runs", COUNTER, "Store gc passes."},
 	{"store.corrupt_dropped", COUNTER,
 	 "Entries dropped: blob missing or hash mismatch."},
+	{"store.checksums_repaired", COUNTER,
+	 "Blob checksums in the index found wrong for good bytes, rewritten."},
 	{"store.touch_flushes", COUNTER, "Batched last_used writes."},
 	{"store.touch_dropped", COUNTER,
 	 "Hits whose last_used write failed (disk full)."},

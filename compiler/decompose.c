@@ -11,6 +11,7 @@
  *   and the backward ops of these and of the activations.
  */
 #include "compiler/ops.h"
+#include "compiler/rng.h"
 
 #include <errno.h>
 #include <math.h>
@@ -531,6 +532,82 @@ int low_dropout_backward(cctx_t *c, lnode_t *n)
 	const sx_t *v =
 	    sx_bin(c, OP_MUL, sx_bin(c, OP_MUL, gb, mb), sxf(c, scale, cdt));
 	return lset(n, 0, lt_fn(c, odt, r, sizes, sx_cast(c, v, odt)));
+}
+
+/* Logical z >> k of an i64 value (the IR's >> is arithmetic on i64). */
+static const sx_t *lshr64(cctx_t *c, const sx_t *z, int k)
+{
+	const sx_t *sh = sx_bin(c, OP_SHR, z, sx_consti(c, k, KILN_DT_I64));
+	return sx_bin(c, OP_BITAND, sh,
+		      sx_consti(c, (int64_t)(UINT64_MAX >> k), KILN_DT_I64));
+}
+
+/* kiln.dropout(input, p, seed, stream) -> (output, mask): torch's
+ * native_dropout in training, with kiln's counter-based bits (rng.h)
+ * drawn from the i64 scalar tensor `seed` (a graph input the torch backend
+ * refills on every call) and the op's `stream`. output = input · mask ·
+ * 1/(1-p) in that order (0 for p = 1), mask = the kept elements. */
+int low_kiln_dropout(cctx_t *c, lnode_t *n)
+{
+	lt_t *x, *s;
+	double p;
+	int64_t stream;
+	int rc = ltensor(n, 0, "input", &x);
+	if (rc == 0)
+		rc = lfloat(n, 1, "p", NAN, &p);
+	if (rc == 0)
+		rc = ltensor(n, 2, "seed", &s);
+	if (rc == 0)
+		rc = lint(n, 3, "stream", 0, &stream);
+	if (rc != 0)
+		return rc;
+	if (!kiln_dtype_is_float(x->dtype))
+		return lerr(n, KILN_EINVGRAPH, "input must be floating");
+	if (!(p >= 0 && p <= 1))
+		return lerr(n, KILN_EINVGRAPH, "p must be in [0, 1], not %g",
+			    p);
+	if (s->dtype != KILN_DT_I64 || s->rank != 0)
+		return lerr(n, KILN_EINVGRAPH,
+			    "seed must be an i64 scalar tensor (shape [])");
+	if (stream < 0)
+		return lerr(n, KILN_EINVGRAPH, "stream must be >= 0");
+	uint32_t r = x->rank;
+	const kiln_expr_t *lin = ix_const(c, 0);
+	for (uint32_t k = 0; k < r; k++)
+		lin = ix_add(c, ix_mul(c, lin, ix_dim(c, x->sizes[k])),
+			     ix_var(c, k));
+	const kiln_dtype_t I = KILN_DT_I64;
+	const sx_t *seed = lt_bcast_body(c, s, r, x->sizes);
+	/* (i + 1) * golden + stream * K, the constant part folded here in
+	 * unsigned arithmetic */
+	uint64_t k0 = KILN_RNG_GOLDEN + (uint64_t)stream * KILN_RNG_STREAM;
+	const sx_t *z =
+	    sx_bin(c, OP_ADD, seed,
+		   sx_bin(c, OP_ADD,
+			  sx_bin(c, OP_MUL, sx_index(c, lin),
+				 sx_consti(c, (int64_t)KILN_RNG_GOLDEN, I)),
+			  sx_consti(c, (int64_t)k0, I)));
+	z = sx_bin(c, OP_MUL, sx_bin(c, OP_BITXOR, z, lshr64(c, z, 30)),
+		   sx_consti(c, (int64_t)KILN_RNG_C1, I));
+	z = sx_bin(c, OP_MUL, sx_bin(c, OP_BITXOR, z, lshr64(c, z, 27)),
+		   sx_consti(c, (int64_t)KILN_RNG_C2, I));
+	z = sx_bin(c, OP_BITXOR, z, lshr64(c, z, 31));
+	const sx_t *u = lshr64(c, z, 64 - KILN_RNG_BITS);
+	const sx_t *keep =
+	    sx_bin(c, OP_GE, u, sx_consti(c, kiln_rng_keep_from(p), I));
+	kiln_dtype_t odt = decl_dt(n, 0, x->dtype);
+	kiln_dtype_t cdt = compute_dtype(odt);
+	double scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
+	const sx_t *xb = sx_cast(c, lt_body(c, x), cdt);
+	const sx_t *v =
+	    sx_bin(c, OP_MUL, sx_bin(c, OP_MUL, xb, sx_cast(c, keep, cdt)),
+		   sxf(c, scale, cdt));
+	rc = lset(n, 0, lt_fn(c, odt, r, x->sizes, sx_cast(c, v, odt)));
+	if (rc == 0)
+		rc = lset(n, 1,
+			  lt_fn(c, KILN_DT_BOOL, r, x->sizes,
+				sx_cast(c, keep, KILN_DT_BOOL)));
+	return rc;
 }
 
 /* grad · f(out) for sigmoid (out(1-out)) and tanh (1-out²). */

@@ -976,6 +976,7 @@ static const opdef_t optab[] = {
     OPS("triu.default", tri, 1),
     OPS("native_dropout.default", dropout, 0),
     OPS("native_dropout_backward.default", dropout_bw, 0),
+    {"kiln.dropout.default", kiln__op_kiln_dropout, 0},
     /* nn (interp_nn.c) */
     OPS("mm.default", mm, MM_MM),
     OPS("bmm.default", mm, MM_BMM),

@@ -248,7 +248,7 @@ static inline bool ki_same_shape(const it_t *a, const it_t *b)
 #define KI_OPS_FUNCS(X)                                                        \
 	X(unary) X(binary) X(where) X(masked_fill) X(clamp) X(lerp)            \
 	X(pw_backward) X(convert) X(create) X(arange) X(dropout)               \
-	X(dropout_bw) X(tri) X(reduce) X(argred) X(minmax_dim) X(varstd)       \
+	X(dropout_bw) X(kiln_dropout) X(tri) X(reduce) X(argred) X(minmax_dim) X(varstd)       \
 	X(cumsum) X(softmax) X(softmax_bw) X(layer_norm) X(layer_norm_bw)      \
 	X(batch_norm) X(batch_norm_bw) X(group_norm) X(group_norm_bw) X(view)  \
 	X(permute) X(transpose) X(expand) X(squeeze) X(unsqueeze) X(slice)     \

@@ -16,6 +16,7 @@
  * Threads: any; no global state.
  */
 #include "compiler/interp_internal.h"
+#include "compiler/rng.h"
 
 #include <string.h>
 
@@ -830,6 +831,46 @@ int kiln__op_dropout(ictx_t *c, int code)
 		c->out[1].buf->i[k] = keep;
 		if (!keep)
 			c->out[0].buf->f[k] = 0;
+	}
+	return 0;
+}
+
+/* kiln.dropout(input, p, seed, stream) -> (output, mask): the bits of
+ * rng.h, element by element in row-major order; output = input * mask *
+ * 1/(1-p) (0 for p = 1). */
+int kiln__op_kiln_dropout(ictx_t *c, int code)
+{
+	(void)code;
+	it_t *x, *s;
+	double p;
+	int64_t stream;
+	KI_TRY(kiln__i_tensor(c, 0, "input", &x));
+	KI_TRY(kiln__i_num(c, 1, "p", true, 0, &p));
+	KI_TRY(kiln__i_tensor(c, 2, "seed", &s));
+	KI_TRY(kiln__i_int(c, 3, "stream", 0, &stream));
+	if (!ki_isf(x->dt))
+		return kiln__i_bad(c, "input must be floating");
+	if (!(p >= 0 && p <= 1))
+		return kiln__i_bad(c, "p must be in [0, 1], not %g", p);
+	if (s->dt != KILN_DT_I64 || s->rank != 0)
+		return kiln__i_bad(
+		    c, "seed must be an i64 scalar tensor (shape [])");
+	if (stream < 0)
+		return kiln__i_bad(c, "stream must be >= 0");
+	uint64_t seed = (uint64_t)ki_geti(s, s->off);
+	int64_t from = kiln_rng_keep_from(p);
+	double scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
+	KI_TRY(kiln__i_alloc(c, &c->out[0], x->dt, x->rank, x->size));
+	KI_TRY(kiln__i_alloc(c, &c->out[1], KILN_DT_BOOL, x->rank, x->size));
+	int64_t idx[KI_MAXR] = {0};
+	int64_t n = kiln__i_numel(x);
+	for (int64_t k = 0; k < n; k++) {
+		bool keep = (int64_t)kiln_rng_bits(seed, (uint64_t)stream,
+						   (uint64_t)k) >= from;
+		c->out[1].buf->i[k] = keep;
+		double v = ki_getf(x, ki_off(x, idx)) * (keep ? 1.0 : 0.0);
+		ki_setf(&c->out[0], k, v * scale);
+		ki_next(idx, x->size, x->rank);
 	}
 	return 0;
 }

@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 from kiln.export import DTYPE_NAMES, export_graph  # noqa: E402
+import kiln.ops  # noqa: E402,F401  (torch.ops.kiln.dropout)
 
 A = torch.ops.aten
 OPS_DIR = os.path.join(HERE, "ops")
@@ -717,6 +718,24 @@ def build_views():
     case("native_dropout", "eval", lambda x: A.native_dropout.default(x, 0.5, False), U(3, 4))
     case("native_dropout", "p0", lambda x: A.native_dropout.default(x, 0.0, True), T(U(4, 3)))
     case("native_dropout", "p1", lambda x: A.native_dropout.default(x, 1.0, True), U(5))
+    seed("kiln_dropout")
+    K = torch.ops.kiln.dropout.default
+
+    def S(v):
+        return torch.tensor(v, dtype=i64)
+
+    case("kiln_dropout", "f32", lambda x, s: K(x, 0.5, s, 0), U(3, 4), S(12345))
+    case("kiln_dropout", "f32_t_stream3", lambda x, s: K(x, 0.2, s, 3), T(U(4, 3)), S(-77))
+    case("kiln_dropout", "f32_odd", lambda x, s: K(x, 0.5, s, 1), U(67, 33), S(2**62 + 5))
+    case("kiln_dropout", "f64", lambda x, s: K(x, 0.9, s, 2), U(5, dt=f64), S(9))
+    case("kiln_dropout", "f16", lambda x, s: K(x, 0.3, s, 0), U(6, 5, dt=f16), S(-(2**63)))
+    case("kiln_dropout", "bf16", lambda x, s: K(x, 0.1, s, 7), U(9, dt=bf16), S(1))
+    case("kiln_dropout", "p0", lambda x, s: K(x, 0.0, s, 0), U(4, 3), S(3))
+    case("kiln_dropout", "p1", lambda x, s: K(x, 1.0, s, 0), U(4, 3), S(3))
+    case("kiln_dropout", "empty", lambda x, s: K(x, 0.5, s, 0), U(0, 3), S(3))
+    case("kiln_dropout", "scalar", lambda x, s: K(x, 0.5, s, 4), U(dt=f32), S(11))
+    case("kiln_dropout", "nan_inf", lambda x, s: K(x, 0.5, s, 0),
+         torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0] * 4), S(5))
     case("native_dropout_backward", "default", lambda g, m: A.native_dropout_backward.default(g, m, 2.0),
          U(3, 4), B(3, 4))
     case("native_dropout_backward", "nan_dropped",
@@ -1077,6 +1096,18 @@ def bad_cases():
            [zeros_entry("bool", [3])] * 2, "invalid_graph", "bool")
     yield ("dtype_gelu_int", graph1([spec("i64", [3])], [node("aten.gelu.default", [R0], [spec("i64", [3])])], [R1]),
            [zeros_entry("i64", [3])], "invalid_graph", "floating")
+    # kiln.dropout (kiln/ops.py): input f32[2,3], seed i64[] unless named
+    def kdrop(name, x, sd, p, stream, msg):
+        outs = [spec(x["dtype"], x["shape"]), spec("bool", x["shape"])]
+        return (name, graph1([x, sd], [node("kiln.dropout.default", [R0, p, R1, stream], outs)], [R2]),
+                [zeros_entry(x["dtype"], x["shape"]), zeros_entry(sd["dtype"], sd["shape"])],
+                "invalid_graph", msg)
+    s0 = spec("i64", [])
+    yield kdrop("kiln_dropout_p", f23, s0, 1.5, 0, "p must be in [0, 1]")
+    yield kdrop("kiln_dropout_seed_dtype", f23, spec("f32", []), 0.5, 0, "seed must be an i64 scalar")
+    yield kdrop("kiln_dropout_seed_shape", f23, spec("i64", [2]), 0.5, 0, "seed must be an i64 scalar")
+    yield kdrop("kiln_dropout_int", spec("i64", [2, 3]), s0, 0.5, 0, "input must be floating")
+    yield kdrop("kiln_dropout_stream", f23, s0, 0.5, -1, "stream must be >= 0")
     yield ("dtype_mm_mixed", graph1([spec("f32", [2, 2]), spec("f64", [2, 2])],
                                     [node("aten.mm.default", [R0, R1], [spec("f32", [2, 2])])], [{"ref": 2}]),
            [zeros_entry("f32", [2, 2]), zeros_entry("f64", [2, 2])], "invalid_graph", "one dtype")

@@ -236,3 +236,48 @@ def test_five_training_steps_match_eager(name, opt_name):
             # noise-driven +-lr steps shift: checked loosely for AdamW
             _close(b, c, r, 1e-4, 1e-5 if opt_name == "sgd" else 0.05, bn)
     _no_fallback()
+
+
+# ---- dropout: kiln's counter-based generator (kiln/ops.py, compiler/rng.h) ----
+
+def test_training_dropout_runs_in_kiln_and_follows_manual_seed():
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 256), nn.Dropout(0.3), nn.Linear(256, 4), nn.Dropout(0.1))
+    m.train()
+    x = _x(3, 64, 16)
+    cm = torch.compile(m, backend="kiln")
+    torch.manual_seed(7)
+    y1 = cm(x)
+    torch.manual_seed(7)
+    y2 = cm(x)
+    torch.manual_seed(8)
+    y3 = cm(x)
+    assert torch.equal(y1, y2), "the same torch.manual_seed must draw the same masks"
+    assert not torch.equal(y1, y3), "another seed must draw other masks"
+    fw = [r for r in kb.records() if r["kind"] == "forward"]
+    assert fw, kb.records()
+    for r in fw:  # both dropouts ran as kernels, not as torch fallback steps
+        assert not r["fallback_ops"], r
+    _no_fallback()
+
+
+def test_dropout_draws_the_reference_bits_and_its_backward_uses_the_mask():
+    p = 0.25
+    d = nn.Dropout(p)
+    d.train()
+    x = (_x(4, 200, 500) + 3).requires_grad_()  # no zeros
+    cd = torch.compile(d, backend="kiln")
+    torch.manual_seed(11)
+    seed = torch.empty((), dtype=torch.int64).random_()  # what the runner draws
+    want, mask = torch.ops.kiln.dropout(x.detach(), p, seed, 0)
+    torch.manual_seed(11)
+    y = cd(x)
+    assert torch.equal(y, want)
+    assert torch.equal(y != 0, mask)
+    kept = mask.double().mean().item()
+    assert abs(kept - (1 - p)) < 0.01, kept  # 100k draws: sigma 0.0014
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, mask.to(x.dtype) * (1.0 / (1 - p)))
+    _no_fallback()

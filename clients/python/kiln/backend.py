@@ -34,6 +34,9 @@ import threading
 import time
 import warnings
 
+import torch
+
+from . import ops as _ops  # noqa: F401  (registers torch.ops.kiln.dropout)
 from .export import ExportError, dumps, export_graph
 from .runtime import Client, KilnError, Module
 
@@ -214,11 +217,67 @@ def _boxed(fn):
     return run
 
 
+def _boxed_seeded(fn):
+    """_boxed for a graph whose last input is the dropout seed: a fresh
+    int64 from torch's default generator on every call."""
+    def run(args):
+        args.append(torch.empty((), dtype=torch.int64).random_())
+        outs = fn(*args)
+        args.clear()
+        return outs
+
+    run._boxed_call = True
+    return run
+
+
+def _seed_dropout(gm):
+    """A copy of gm in which every training aten.native_dropout (0 < p < 1)
+    is kiln.dropout (kiln/ops.py) drawing from one new last input, the seed;
+    None when gm has none. gm itself is left as it is (a fallback compiles
+    it)."""
+    def random(n):
+        if n.op != "call_function" or n.target is not torch.ops.aten.native_dropout.default:
+            return False
+        p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p")
+        train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train")
+        return train is True and isinstance(p, (int, float)) and 0 < p < 1
+
+    if not any(random(n) for n in gm.graph.nodes):
+        return None
+    g = torch.fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    if phs:
+        with g.inserting_after(phs[-1]):
+            seed = g.placeholder("kiln_seed")
+    else:
+        with g.inserting_before(next(iter(g.nodes))):
+            seed = g.placeholder("kiln_seed")
+    seed.meta["val"] = torch.zeros((), dtype=torch.int64)
+    stream = 0
+    for n in list(g.nodes):
+        if not random(n):
+            continue
+        with g.inserting_before(n):
+            new = g.call_function(torch.ops.kiln.dropout.default,
+                                  (n.args[0], float(n.args[1]), seed, stream))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+        stream += 1
+    return torch.fx.GraphModule(gm, g)
+
+
 def _compile_aten(gm, example_inputs, settings, kind):
     """Exports, compiles through kilnd (or the process cache) and loads one
     AOTAutograd graph. Raises _Fallback when kiln cannot take it."""
     rec = _record(kind, gm)
     t0 = time.perf_counter()
+    seeded = _seed_dropout(gm)
+    if seeded is not None:
+        gm = seeded
+        example_inputs = list(example_inputs) + [torch.zeros((), dtype=torch.int64)]
     try:
         graph = export_graph(gm, example_inputs)
     except ExportError as e:
@@ -254,6 +313,7 @@ def _compile_aten(gm, example_inputs, settings, kind):
         raise f from e
     t2 = time.perf_counter()
     mod = Module(art, graph.get("none_outputs", []))
+    mod._kiln_seeded = seeded is not None
     t3 = time.perf_counter()
     steps = mod._steps
     kernels = [k.get("name") for k in mod._kernels]
@@ -285,7 +345,7 @@ def _aten_compiler(settings, kind):
             # _transformer_encoder_layer_fwd of an eval() layer): the ATen
             # graph itself does the same without the plan's copies
             return _boxed(gm)
-        runner = _boxed(mod)
+        runner = _boxed_seeded(mod) if getattr(mod, "_kiln_seeded", False) else _boxed(mod)
         runner.kiln_module = mod
         return runner
 

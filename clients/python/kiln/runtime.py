@@ -19,6 +19,8 @@ import threading
 
 import torch
 
+from . import ops as _ops  # noqa: F401  (torch.ops.kiln.*, for fallback steps)
+
 _DTYPES = ["f32", "f64", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "bool"]
 _TORCH = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
           "bf16": torch.bfloat16, "i8": torch.int8, "i16": torch.int16,

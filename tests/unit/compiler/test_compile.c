@@ -866,3 +866,57 @@ Test(settings, a_linker_that_cannot_run_is_a_clear_error)
 	kiln_compiler_free(kc);
 	unsetenv("KILN_LINKER");
 }
+
+/* kiln.dropout with invalid arguments (tests/data/bad/kiln_dropout_*, the
+ * interpreter's rejection cases): the compiler's lowering rejects each as
+ * the interpreter does, naming the node and the argument. */
+Test(compile, kiln_dropout_bad_arguments)
+{
+	static const struct {
+		const char *name, *msg;
+	} bad[] = {
+	    {"kiln_dropout_p", "p must be in [0, 1]"},
+	    {"kiln_dropout_seed_dtype", "seed must be an i64 scalar"},
+	    {"kiln_dropout_seed_shape", "seed must be an i64 scalar"},
+	    {"kiln_dropout_int", "input must be floating"},
+	    {"kiln_dropout_stream", "stream must be >= 0"},
+	};
+	kiln_compiler_t *kc = new_compiler();
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char path[1024], err[512] = "";
+		snprintf(path, sizeof(path), "%s/bad/%s.msgpack",
+			 KILN_TEST_DATA_DIR, bad[i].name);
+		uint8_t *buf;
+		size_t len;
+		cr_assert_eq(kiln_td_read_file(path, &buf, &len), 0, "%s",
+			     path);
+		msgpack_zone zone;
+		msgpack_object obj;
+		kiln_limits_t lim;
+		kiln_limits_default(&lim);
+		cr_assert(msgpack_zone_init(&zone, 4096));
+		cr_assert_eq(kiln_msgpack_unpack_map(buf, len, &lim, &zone,
+						     &obj, err, sizeof(err)),
+			     0, "%s: %s", path, err);
+		kiln_graph_t *g = NULL;
+		cr_assert_eq(kiln_graph_from_object(kiln_map_get(&obj, "graph"),
+						    &lim, &g, err, sizeof(err)),
+			     0, "%s: %s", path, err);
+		msgpack_zone_destroy(&zone);
+		free(buf);
+		kiln_compile_opts_t opts;
+		memset(&opts, 0, sizeof(opts));
+		kiln_artifact_t *a = NULL;
+		int rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
+		cr_expect_eq(rc, KILN_EINVGRAPH, "%s: rc %d (%s)", bad[i].name,
+			     rc, err);
+		cr_expect(strstr(err, "node 0") != NULL, "%s: %s", bad[i].name,
+			  err);
+		cr_expect(strstr(err, bad[i].msg) != NULL,
+			  "%s: \"%s\" not in: %s", bad[i].name, bad[i].msg,
+			  err);
+		cr_expect_null(a);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}

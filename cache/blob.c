@@ -25,6 +25,9 @@
 #include <unistd.h>
 
 #define READ_CHUNK (512u * 1024u)
+/* No blob is this large (puts are capped by max_bytes, at most the
+ * filesystem): a size at or above it comes from a damaged row. */
+#define KILN__BLOB_SIZE_MAX (UINT64_C(1) << 48)
 
 void kiln__hex(const uint8_t *b, size_t n, char *out)
 {
@@ -198,6 +201,11 @@ static int read_verify(kiln_cache_t *c, const uint8_t hash[32], uint64_t size,
 {
 	char path[PATH_MAX];
 	kiln__blob_path(c, hash, path, sizeof(path));
+	if (size >= KILN__BLOB_SIZE_MAX) { /* a damaged row, not a blob */
+		kiln__errf(err, errlen, 0, "%s: the index says %llu bytes",
+			   path, (unsigned long long)size);
+		return KILN__BLOB_BAD;
+	}
 	/* O_NONBLOCK: a FIFO planted under a blob name fails, not blocks. */
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
 				O_NOCTTY);

@@ -382,9 +382,12 @@ static int flush_locked(kiln_cache_t *c, char *err, size_t errlen)
 	for (size_t i = 0; i < n; i++) {
 		if (m > 0 && memcmp(t[m - 1].key, t[i].key, 32) == 0) {
 			t[m - 1].hits += t[i].hits;
-			t[m - 1].refresh |= t[i].refresh;
-			if (t[i].when > t[m - 1].when)
+			/* last_used is the time of the latest hit that
+			 * rewrites it, as the memo has it (memo.c) */
+			if (t[i].refresh &&
+			    (!t[m - 1].refresh || t[i].when > t[m - 1].when))
 				t[m - 1].when = t[i].when;
+			t[m - 1].refresh |= t[i].refresh;
 		} else {
 			t[m++] = t[i];
 		}
@@ -421,6 +424,8 @@ static int flush_locked(kiln_cache_t *c, char *err, size_t errlen)
 	free(t);
 	if (rc < 0) {
 		KILN__COUNT(c, touch_dropped, n);
+		/* the memo counted these hits (and last_used) as written */
+		kiln__memo_forget_all(c);
 		return rc;
 	}
 	KILN__COUNT(c, touch_flushes, 1);
@@ -440,17 +445,19 @@ int kiln_cache_flush(kiln_cache_t *c, char *err, size_t errlen)
 static void touch_queue(kiln_cache_t *c, const uint8_t key[32],
 			int64_t last_used, uint32_t hits)
 {
-	int64_t now_ms = kiln__cache_now_ms();
+	int64_t now_ms = kiln__cache_now_ms(), when = kiln__cache_now();
+	bool queued = false, refresh = false;
 	pthread_mutex_lock(&c->touch_mu);
 	if (c->ntouches < 4 * (size_t)c->opts.touch_batch) {
 		if (c->ntouches == 0)
 			c->touch_oldest_ms = now_ms;
 		kiln__touch_t *t = &c->touches[c->ntouches++];
 		memcpy(t->key, key, 32);
-		t->when = kiln__cache_now();
+		t->when = when;
 		t->hits = hits;
-		t->refresh = last_used < t->when - KILN__LRU_GRANULARITY_S;
-		kiln__memo_hit(c, key, t->when, hits);
+		t->refresh = last_used < when - KILN__LRU_GRANULARITY_S;
+		queued = true;
+		refresh = t->refresh;
 	} else {
 		KILN__COUNT(c, touch_dropped, 1);
 	}
@@ -458,6 +465,11 @@ static void touch_queue(kiln_cache_t *c, const uint8_t key[32],
 	    c->ntouches >= c->opts.touch_batch ||
 	    now_ms - c->touch_oldest_ms >= (int64_t)c->opts.touch_flush_ms;
 	pthread_mutex_unlock(&c->touch_mu);
+	/* After touch_mu (both are leaf locks). The memo's last_used follows
+	 * the index's: it moves only with a hit that rewrites it, so the
+	 * next rewrite still comes a minute later. */
+	if (queued)
+		kiln__memo_hit(c, key, refresh ? when : INT64_MIN, hits);
 	/* A get never waits for a writer to write its hit: when the write
 	 * lock is busy, a later hit (or gc, list, stats, close) flushes. */
 	if (due && pthread_mutex_trylock(&c->write_mu) == 0) {
@@ -614,10 +626,11 @@ static int lookup(kiln_cache_t *c, const uint8_t key[32], kiln__memo_row_t *m,
  * the checksum so later reads take the fast check (and in key's memo row,
  * when key is not NULL). Best effort: a store on a read-only filesystem
  * keeps reading by SHA-256. */
-static void record_crc(kiln_cache_t *c, const uint8_t *key,
-		       const uint8_t hash[32], const uint8_t crc[KILN__CRC_BYTES])
+static int record_crc(kiln_cache_t *c, const uint8_t *key,
+		      const uint8_t hash[32],
+		      const uint8_t crc[KILN__CRC_BYTES])
 {
-	char err[256];
+	char err[256] = "";
 	int rc = 0;
 	pthread_mutex_lock(&c->write_mu);
 	kiln__conn_t *k = kiln__conn_get(c, &rc, err, sizeof(err));
@@ -626,11 +639,12 @@ static void record_crc(kiln_cache_t *c, const uint8_t *key,
 		kiln__conn_put(c, k);
 	}
 	pthread_mutex_unlock(&c->write_mu);
-	if (rc == 0 && key != NULL)
-		kiln__memo_set_crc(c, key, crc);
-	else
+	if (rc < 0)
 		KILN_LOG(KILN_LOG_DEBUG,
 			 "msg=\"checksum not recorded\" err=\"%s\"", err);
+	else if (key != NULL)
+		kiln__memo_set_crc(c, key, hash, crc);
+	return rc;
 }
 
 int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
@@ -666,12 +680,11 @@ int kiln_cache_get(kiln_cache_t *c, const uint8_t key[KILN_CACHE_KEY_BYTES],
 	uint8_t sum[KILN__CRC_BYTES];
 	rc = kiln__blob_read(c, hash, m.size, m.has_crc ? m.crc : NULL, sum,
 			     &out->data, err, errlen);
-	if (rc == KILN__BLOB_BAD && m.has_crc &&
-	    drop_bad(c, hash, m.crc) == DROP_GOOD) /* the row was wrong */
+	if (rc == KILN__BLOB_BAD &&
+	    drop_bad(c, hash, m.has_crc ? m.crc : NULL) == DROP_GOOD &&
+	    m.has_crc) /* the row's checksum was wrong: read again */
 		rc = kiln__blob_read(c, hash, m.size, m.crc, NULL, &out->data,
 				     err, errlen);
-	else if (rc == KILN__BLOB_BAD)
-		drop_bad(c, hash, NULL);
 	unpin(c, hash);
 	if (rc == KILN__BLOB_OK) {
 		if (!m.has_crc)
@@ -1399,8 +1412,9 @@ int kiln_cache_verify(kiln_cache_t *c, kiln_cache_verify_result_t *out,
 			if (v == KILN__BLOB_OK && !page[i].has_crc) {
 				record_crc(c, NULL, page[i].hash, sum);
 			} else if (v == KILN__BLOB_OK &&
-				   memcmp(sum, page[i].crc, KILN__CRC_BYTES)) {
-				record_crc(c, NULL, page[i].hash, sum);
+				   memcmp(sum, page[i].crc, KILN__CRC_BYTES) &&
+				   record_crc(c, NULL, page[i].hash, sum) ==
+				       0) {
 				kiln__memo_forget_all(c);
 				KILN__COUNT(c, checksums_repaired, 1);
 				out->checksums_repaired++;

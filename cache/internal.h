@@ -35,7 +35,7 @@
 	X(BEGIN, "BEGIN IMMEDIATE")                                             \
 	X(COMMIT, "COMMIT")                                                     \
 	X(ROLLBACK, "ROLLBACK")                                                 \
-	X(GET, "SELECT b.hash, e.size, e.build, e.created, e.last_used, "      \
+	X(GET, "SELECT b.hash, b.size, e.build, e.created, e.last_used, "      \
 	       "e.hits, e.compile_ms, e.source, b.crc FROM entries e "          \
 	       "JOIN blobs b ON b.id = e.blob WHERE e.key = ?1")                \
 	X(EXISTS, "SELECT 1 FROM entries WHERE key = ?1")                       \
@@ -260,11 +260,13 @@ void kiln__memo_fill(kiln_cache_t *c, const kiln__memo_row_t *row,
 void kiln__memo_forget(kiln_cache_t *c, const uint8_t key[32]);
 /* After a commit that changed rows of keys not known (a blob's). */
 void kiln__memo_forget_all(kiln_cache_t *c);
-/* A queued hit: hits added, last_used raised to when. */
+/* A queued hit: hits added, last_used raised to when (INT64_MIN: not). */
 void kiln__memo_hit(kiln_cache_t *c, const uint8_t key[32], int64_t when,
 		    uint32_t hits);
-/* The blob's checksum, recorded after its first read under schema 2. */
+/* The blob's checksum, recorded after its first read under schema 2 (kept
+ * only while key's memo row still names that blob). */
 void kiln__memo_set_crc(kiln_cache_t *c, const uint8_t key[32],
+			const uint8_t hash[32],
 			const uint8_t crc[KILN__CRC_BYTES]);
 
 /* ---- journal.c --------------------------------------------------------- */

@@ -9,9 +9,12 @@
  * keys it changed after its commit. A get fills the memo from a lookup
  * only when no forget touched the slot's stripe since before that
  * lookup began (the stripe's generation), so a fill can never put back a
- * row that a concurrent writer has just replaced. Hits (hits, last_used)
- * are applied to the memo when they are queued, so a get reports them
- * before they are written.
+ * row that a concurrent writer has just replaced. Hits are added to the
+ * memo when they are queued, so a get reports them before they are
+ * written; last_used moves only with a hit that will rewrite it in the
+ * index (once a minute per entry), so the memo's value is the index's and
+ * the decision to rewrite it is the same as without the memo. A batch of
+ * hits that fails to write forgets the whole memo.
  *
  * The table is direct-mapped (KILN__MEMO_SLOTS slots, a new key takes its
  * slot), with KILN__MEMO_STRIPES mutexes. Every lock here is a leaf.
@@ -130,20 +133,23 @@ void kiln__memo_hit(kiln_cache_t *c, const uint8_t key[32], int64_t when,
 	kiln__memo_row_t *m = &c->memo[s];
 	if (m->valid && memcmp(m->key, key, KILN_CACHE_KEY_BYTES) == 0) {
 		m->hits += hits;
-		if (when > m->last_used)
+		if (when > m->last_used) /* INT64_MIN: hits only */
 			m->last_used = when;
 	}
 	pthread_mutex_unlock(mu);
 }
 
 void kiln__memo_set_crc(kiln_cache_t *c, const uint8_t key[32],
+			const uint8_t hash[32],
 			const uint8_t crc[KILN__CRC_BYTES])
 {
 	size_t s = slot_of(key);
 	pthread_mutex_t *mu = stripe(c, s);
 	pthread_mutex_lock(mu);
 	kiln__memo_row_t *m = &c->memo[s];
-	if (m->valid && memcmp(m->key, key, KILN_CACHE_KEY_BYTES) == 0) {
+	/* the same key may name another blob by now (a replacing put) */
+	if (m->valid && memcmp(m->key, key, KILN_CACHE_KEY_BYTES) == 0 &&
+	    memcmp(m->blob, hash, 32) == 0) {
 		memcpy(m->crc, crc, KILN__CRC_BYTES);
 		m->has_crc = true;
 	}

@@ -837,7 +837,9 @@ int kiln__op_dropout(ictx_t *c, int code)
 
 /* kiln.dropout(input, p, seed, stream) -> (output, mask): the bits of
  * rng.h, element by element in row-major order; output = input * mask *
- * 1/(1-p) (0 for p = 1). */
+ * 1/(1-p) (0 for p = 1), in f32 for f32/f16/bf16 (one rounding to the
+ * dtype at the end), as torch and the kernels compute it, so the outputs
+ * are bit-exact too. */
 int kiln__op_kiln_dropout(ictx_t *c, int code)
 {
 	(void)code;
@@ -868,8 +870,14 @@ int kiln__op_kiln_dropout(ictx_t *c, int code)
 		bool keep = (int64_t)kiln_rng_bits(seed, (uint64_t)stream,
 						   (uint64_t)k) >= from;
 		c->out[1].buf->i[k] = keep;
-		double v = ki_getf(x, ki_off(x, idx)) * (keep ? 1.0 : 0.0);
-		ki_setf(&c->out[0], k, v * scale);
+		double xv = ki_getf(x, ki_off(x, idx)), v;
+		if (x->dt == KILN_DT_F64) {
+			v = xv * (keep ? 1.0 : 0.0) * scale;
+		} else { /* f32 arithmetic, as torch and the kernels do */
+			float fv = (float)xv * (keep ? 1.0f : 0.0f);
+			v = (double)(fv * (float)scale);
+		}
+		ki_setf(&c->out[0], k, v);
 		ki_next(idx, x->size, x->rank);
 	}
 	return 0;

@@ -730,6 +730,8 @@ def build_views():
     case("kiln_dropout", "f64", lambda x, s: K(x, 0.9, s, 2), U(5, dt=f64), S(9))
     case("kiln_dropout", "f16", lambda x, s: K(x, 0.3, s, 0), U(6, 5, dt=f16), S(-(2**63)))
     case("kiln_dropout", "bf16", lambda x, s: K(x, 0.1, s, 7), U(9, dt=bf16), S(1))
+    case("kiln_dropout", "f32_scale_inexact", lambda x, s: K(x, 0.1, s, 0), U(8, 9, lo=-50, hi=50), S(21))
+    case("kiln_dropout", "f16_scale_inexact", lambda x, s: K(x, 0.3, s, 5), U(8, 9, dt=f16), S(22))
     case("kiln_dropout", "p0", lambda x, s: K(x, 0.0, s, 0), U(4, 3), S(3))
     case("kiln_dropout", "p1", lambda x, s: K(x, 1.0, s, 0), U(4, 3), S(3))
     case("kiln_dropout", "empty", lambda x, s: K(x, 0.5, s, 0), U(0, 3), S(3))

@@ -235,14 +235,17 @@ def _seed_dropout(gm):
     is kiln.dropout (kiln/ops.py) drawing from one new last input, the seed;
     None when gm has none. gm itself is left as it is (a fallback compiles
     it)."""
-    def random(n):
+    def params(n):
+        """(input, p) of a training native_dropout with 0 < p < 1, else None."""
         if n.op != "call_function" or n.target is not torch.ops.aten.native_dropout.default:
-            return False
+            return None
+        x = n.args[0] if len(n.args) > 0 else n.kwargs.get("input")
         p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p")
         train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train")
-        return train is True and isinstance(p, (int, float)) and 0 < p < 1
+        ok = train is True and isinstance(p, (int, float)) and 0 < p < 1
+        return (x, float(p)) if ok and x is not None else None
 
-    if not any(random(n) for n in gm.graph.nodes):
+    if not any(params(n) for n in gm.graph.nodes):
         return None
     g = torch.fx.Graph()
     out = g.graph_copy(gm.graph, {})
@@ -257,11 +260,11 @@ def _seed_dropout(gm):
     seed.meta["val"] = torch.zeros((), dtype=torch.int64)
     stream = 0
     for n in list(g.nodes):
-        if not random(n):
+        xp = params(n)
+        if xp is None:
             continue
         with g.inserting_before(n):
-            new = g.call_function(torch.ops.kiln.dropout.default,
-                                  (n.args[0], float(n.args[1]), seed, stream))
+            new = g.call_function(torch.ops.kiln.dropout.default, (xp[0], xp[1], seed, stream))
         new.meta = dict(n.meta)
         n.replace_all_uses_with(new)
         g.erase_node(n)
@@ -274,7 +277,9 @@ def _compile_aten(gm, example_inputs, settings, kind):
     AOTAutograd graph. Raises _Fallback when kiln cannot take it."""
     rec = _record(kind, gm)
     t0 = time.perf_counter()
-    seeded = _seed_dropout(gm)
+    # a forward draws the masks its backward reuses (saved): a dropout in a
+    # backward graph (recomputed) must draw eager's, so it stays torch's
+    seeded = _seed_dropout(gm) if kind in ("forward", "inference") else None
     if seeded is not None:
         gm = seeded
         example_inputs = list(example_inputs) + [torch.zeros((), dtype=torch.int64)]

@@ -16,8 +16,9 @@ and ``stream`` numbering the graph's dropouts.  The outputs are those of
 mask of kept elements, which the backward's ``native_dropout_backward``
 uses unchanged.
 
-The CPU implementation here is the reference (numpy, bit-exact with the C
-interpreter and the compiled kernels; tests/data/ops/kiln_dropout.cases);
+The CPU implementation here is the reference (numpy bits, the same masks as
+the C interpreter and the compiled kernels, and the same f32 arithmetic for
+the output; tests/data/ops/kiln_dropout.cases);
 it also runs a fallback step of an older kilnd that does not lower the op.
 """
 
@@ -68,15 +69,16 @@ def _dropout_cpu(input, p, seed, stream):
     _check(input, p, seed, stream)
     # the seed's bits as unsigned: the C side reads the i64 as uint64
     u = dropout_bits(int(seed.item()) & _M64, stream, input.numel())
-    mask = torch.from_numpy(u >= keep_from(p)).reshape(input.shape)
+    keep = torch.from_numpy(u >= keep_from(p)).reshape(input.shape)
+    # the outputs take the input's layout, as native_dropout's do
+    mask = torch.empty_like(input, dtype=torch.bool).copy_(keep)
     scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
     return input * mask * scale, mask
 
 
 def _dropout_meta(input, p, seed, stream):
     _check(input, p, seed, stream)
-    return (torch.empty_like(input, memory_format=torch.contiguous_format),
-            torch.empty_like(input, dtype=torch.bool, memory_format=torch.contiguous_format))
+    return torch.empty_like(input), torch.empty_like(input, dtype=torch.bool)
 
 
 def _register():

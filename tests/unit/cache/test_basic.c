@@ -309,6 +309,42 @@ Test(basic, gets_follow_every_write_after_a_hit)
 	free(b);
 }
 
+/* last_used as a get reports it is the index's, memo or not: it moves
+ * when a hit rewrites it (an entry last used over a minute ago), not with
+ * every hit in between, so a hot entry's row keeps being refreshed (an
+ * entry hit more often than once a minute must not look idle to gc). */
+Test(basic, memo_reports_the_index_last_used)
+{
+	store = store_open(dir, NULL);
+	put_gen(store, 1, 3000, NULL);
+	close_store();
+	int64_t old = (int64_t)time(NULL) - 3600;
+	db_set_entry(dir, 1, old, old, 0);
+	store = store_open(dir, NULL);
+	kiln_cache_blob_t h;
+	expect_gen(store, 1, 3000); /* fills the memo; rewrites last_used */
+	expect_gen(store, 1, 3000);
+	struct timespec pause = {1, 200000000};
+	nanosleep(&pause, NULL); /* the next hits fall in later seconds */
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(get_n(store, 1, &h), 0);
+		int64_t reported = h.entry.last_used;
+		kiln_cache_blob_release(&h);
+		flush_ok();
+		size_t n;
+		kiln_cache_entry_t *e =
+		    list_ok(NULL, KILN_CACHE_ORDER_LRU, 0, &n);
+		cr_assert_eq(n, 1);
+		cr_assert_gt(e[0].last_used, old, "the first hit rewrote it");
+		cr_assert_eq(reported, e[0].last_used,
+			     "get reports %lld, the index holds %lld",
+			     (long long)reported, (long long)e[0].last_used);
+		cr_assert_eq(e[0].hits, 3u + (unsigned)i);
+		free(e);
+	}
+	close_store();
+}
+
 Test(basic, dedup_one_blob_for_equal_bytes)
 {
 	store = store_open(dir, NULL);

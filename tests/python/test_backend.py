@@ -281,3 +281,27 @@ def test_dropout_draws_the_reference_bits_and_its_backward_uses_the_mask():
     y.backward(torch.ones_like(y))
     assert torch.equal(x.grad, mask.to(x.dtype) * (1.0 / (1 - p)))
     _no_fallback()
+
+
+def test_dropout_under_dynamic_shapes_is_not_a_fallback():
+    """dynamic=True: Dynamo re-traces a graph whose float argument (dropout's
+    p) it must specialize (TensorifyScalarRestartAnalysis, raised through the
+    backend); kiln lets that restart through instead of falling back, then
+    compiles the graph once for every batch size."""
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.4), nn.Linear(64, 4))
+    m.train()
+    cm = torch.compile(m, backend="kiln", dynamic=True)
+    for b in (8, 13, 21):
+        x = _x(b, b, 16).requires_grad_()
+        torch.manual_seed(3)
+        y = cm(x)
+        y.sum().backward()
+        torch.manual_seed(3)
+        assert torch.equal(cm(x), y)
+        assert x.grad.shape == x.shape
+    kinds = sorted(r["kind"] for r in kb.records())
+    assert kinds == ["backward", "forward"], kb.records()
+    _no_fallback()

@@ -406,6 +406,11 @@ def kiln(gm, example_inputs, mode=None, options=None):
     try:
         return aot(gm, example_inputs)
     except Exception as e:
+        if _restart is not None and isinstance(e, _restart):
+            # Dynamo's own control flow (e.g. a float argument such as
+            # dropout's p under dynamic=True: it re-traces with the float
+            # specialized and calls the backend again), not a failure
+            raise
         f = e
         while f is not None and not isinstance(f, _Fallback):
             f = f.__cause__ or f.__context__
@@ -422,6 +427,11 @@ def kiln(gm, example_inputs, mode=None, options=None):
             _record("dynamo", gm, str(f)).update(source="fallback", runs_with=settings.fallback)
         return _fallback_backend(gm, example_inputs, settings, str(f), ("graph", f.code, str(f)))
 
+
+try:
+    from torch._dynamo.exc import RestartAnalysis as _restart
+except ImportError:  # pragma: no cover (torch without it)
+    _restart = None
 
 kiln.compiler_name = "kiln"
 

@@ -218,7 +218,10 @@ static int read_verify(kiln_cache_t *c, const uint8_t hash[32], uint64_t size,
 			   : KILN__BLOB_IOERR;
 	}
 	bool whole = out != NULL;
-	size_t cap = whole ? (size_t)size + 1 : READ_CHUNK + 1;
+	/* a check without the bytes reads through one chunk-sized buffer,
+	 * no larger than the blob (a dedup check on put reads small blobs) */
+	size_t cap =
+	    whole || size < READ_CHUNK ? (size_t)size + 1 : READ_CHUNK + 1;
 	uint8_t *buf = malloc(cap);
 	EVP_MD_CTX *md = crc == NULL ? EVP_MD_CTX_new() : NULL;
 	if (buf == NULL ||

@@ -501,8 +501,9 @@ int low_hardtanh_backward(cctx_t *c, lnode_t *n)
 
 /* native_dropout_backward(grad_output, mask, scale) = grad · mask · scale,
  * in that order, as torch computes it (a NaN gradient under a dropped
- * element stays NaN). The forward draws random numbers and stays a
- * fallback step. */
+ * element stays NaN). The mask comes from kiln.dropout (below) when the
+ * torch backend rewrote the forward, else from torch's native_dropout (a
+ * fallback step). */
 int low_dropout_backward(cctx_t *c, lnode_t *n)
 {
 	lt_t *g, *m;

@@ -822,3 +822,20 @@ def test_capture_is_deterministic_without_kilnc():
         cap = _capture_mlp()
         gs.append([export_graph(g["gm"], g["example_inputs"]) for g in cap.graphs])
     assert gs[0] == gs[1]
+
+
+# ---- torch.ops.kiln.dropout: bad arguments get a clear error ----------------
+
+@pytest.mark.parametrize("what,args,msg", [
+    ("p above 1", lambda t: (t.randn(3), 1.5, t.tensor(1), 0), "p must be in [0, 1]"),
+    ("p below 0", lambda t: (t.randn(3), -0.1, t.tensor(1), 0), "p must be in [0, 1]"),
+    ("int input", lambda t: (t.arange(3), 0.5, t.tensor(1), 0), "input must be floating"),
+    ("float seed", lambda t: (t.randn(3), 0.5, t.tensor(1.0), 0), "seed must be an int64 scalar"),
+    ("seed shape", lambda t: (t.randn(3), 0.5, t.tensor([1, 2]), 0), "seed must be an int64 scalar"),
+    ("stream", lambda t: (t.randn(3), 0.5, t.tensor(1), -1), "stream must be >= 0"),
+])
+def test_kiln_dropout_rejects_bad_arguments(what, args, msg):
+    torch = pytest.importorskip("torch")
+    import kiln.ops  # noqa: F401  (registers the op)
+    with pytest.raises(RuntimeError, match=re.escape(msg)):
+        torch.ops.kiln.dropout(*args(torch))

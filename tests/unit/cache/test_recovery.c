@@ -692,3 +692,18 @@ Test(recovery, longer_shorter_fifo_and_directory_blobs_are_misses)
 	rmdir(p); /* the store leaves a directory it did not make alone */
 	expect_quick_check(dir);
 }
+
+/* A row whose size is no blob's (a damaged index: 2^50 bytes) is a miss
+ * whose rows are dropped, not an allocation of that size. */
+Test(recovery, implausible_size_in_the_index_is_a_miss)
+{
+	populate();
+	db_exec(dir, "UPDATE blobs SET size = 1125899906842624 "
+		     "WHERE size = 4001");
+	store = store_open(dir, NULL);
+	expect_entries(1u << 1, true);
+	kiln_cache_stats_t s = stats_of(store);
+	cr_assert_eq(s.corrupt_dropped, 1);
+	cr_assert_eq(s.entries, N_ENTRIES - 1);
+	close_and_check();
+}

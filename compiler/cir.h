@@ -337,6 +337,8 @@ typedef int (*lower_fn_t)(cctx_t *c, lnode_t *n);
 /* ---- scheduling (sched.c) ----------------------------------------------- */
 
 int sched_graph(cctx_t *c);
+/* codegen.c: the column block of a BLAS product's units (0: all of N) */
+int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);
 /* The lowered program: compute nodes and their bodies (kilnc --emit=ir). */
 char *sched_ir(cctx_t *c);

@@ -1769,6 +1769,43 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
 
 #define GEMM_MB 64 /* rows of C per unit */
 
+/* Columns of C per unit, or 0 for all of them. A product with few row
+ * blocks (a convolution's W[O, C·KH·KW] @ col[.., OH·OW] at batch 1 has
+ * one or two: O is 64 or 128) would otherwise run on one or two threads
+ * whatever the pool's size; it is split into column blocks until there are
+ * GEMM_UNITS units, each at least GEMM_NB_MIN columns wide (so each BLAS
+ * call still streams whole panels) and a multiple of 16 (a cache line of
+ * f32). Only for static M, N (and batch): a symbolic size keeps the row
+ * blocks alone. */
+#define GEMM_UNITS  32
+#define GEMM_NB_MIN 256
+int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
+{
+	const lt_t *a = n->ga, *b = n->gb;
+	uint32_t r = a->rank;
+	kiln_dim_t M = a->sizes[r - 2], N = b->sizes[r - 1];
+	(void)c;
+	if (M.e != NULL || N.e != NULL)
+		return 0;
+	int64_t batch = 1;
+	if (r == 3) {
+		if (a->sizes[0].e != NULL)
+			return 0;
+		batch = a->sizes[0].c;
+	}
+	int64_t units = (M.c + GEMM_MB - 1) / GEMM_MB * (batch > 0 ? batch : 1);
+	if (units >= GEMM_UNITS || N.c < 2 * GEMM_NB_MIN)
+		return 0;
+	int64_t nnb = (GEMM_UNITS + units - 1) / units;
+	if (nnb > N.c / GEMM_NB_MIN)
+		nnb = N.c / GEMM_NB_MIN;
+	if (nnb <= 1)
+		return 0;
+	int64_t nb = (N.c + nnb - 1) / nnb;
+	nb = (nb + 15) / 16 * 16;
+	return nb < N.c ? nb : 0;
+}
+
 static LLVMValueRef imax(gen_t *g, LLVMValueRef a, LLVMValueRef b)
 {
 	return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, a, b, ""),
@@ -1812,14 +1849,31 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, GEMM_MB - 1, 0), ""),
 	    LLVMConstInt(g->i64, GEMM_MB, 0), "");
 	nmb = imax(g, nmb, one);
+	int64_t nb_c = cg_gemm_col_block(c, n);
+	/* column blocks: nnb of NB columns (one of all N when unblocked) */
+	LLVMValueRef NB =
+	    nb_c > 0 ? LLVMConstInt(g->i64, (uint64_t)nb_c, 0) : N;
+	LLVMValueRef nnb =
+	    nb_c > 0 ? LLVMConstInt(
+			   g->i64,
+			   (uint64_t)((b->sizes[r - 1].c + nb_c - 1) / nb_c), 0)
+		     : one;
 	LLVMValueRef fn = blas_fn(g, f64);
-	/* one BLAS call per batch for the whole [begin, end) range of row
-	 * blocks a task gets (a call per 64-row block would repack B each
-	 * time) */
+	/* units: (batch, column block, row block), row blocks fastest; one
+	 * BLAS call per (batch, column block) for the whole [begin, end)
+	 * range of row blocks a task gets (a call per 64-row block would
+	 * repack B each time) */
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
-	LLVMValueRef bi = LLVMBuildUDiv(g->b, U.i, nmb, "");
-	LLVMValueRef bstart = LLVMBuildMul(g->b, bi, nmb, "");
+	LLVMValueRef gi = LLVMBuildUDiv(g->b, U.i, nmb, "");
+	LLVMValueRef bi = LLVMBuildUDiv(g->b, gi, nnb, "");
+	LLVMValueRef n0 =
+	    LLVMBuildMul(g->b, LLVMBuildURem(g->b, gi, nnb, ""), NB, "");
+	LLVMValueRef ncols = LLVMBuildSub(g->b, N, n0, "");
+	ncols = LLVMBuildSelect(g->b,
+				LLVMBuildICmp(g->b, LLVMIntSLT, ncols, NB, ""),
+				ncols, NB, "");
+	LLVMValueRef bstart = LLVMBuildMul(g->b, gi, nmb, "");
 	LLVMValueRef bend = LLVMBuildAdd(g->b, bstart, nmb, "");
 	LLVMValueRef last = LLVMBuildSelect(
 	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, end, bend, ""), end, bend,
@@ -1838,10 +1892,13 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 				      LLVMBuildMul(g->b, m0, sam, ""), ""),
 			 "");
 	LLVMValueRef boff =
-	    LLVMBuildAdd(g->b, offb, LLVMBuildMul(g->b, bi, sbb, ""), "");
+	    LLVMBuildAdd(g->b, offb,
+			 LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, sbb, ""),
+				      LLVMBuildMul(g->b, n0, sbn, ""), ""),
+			 "");
 	LLVMValueRef coff = LLVMBuildAdd(
 	    g->b, LLVMBuildMul(g->b, bi, LLVMBuildMul(g->b, M, N, ""), ""),
-	    LLVMBuildMul(g->b, m0, N, ""), "");
+	    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, m0, N, ""), n0, ""), "");
 	LLVMValueRef ap =
 	    LLVMBuildGEP2(g->b, et, buf_ptr(g, n->ga->buf), &aoff, 1, "");
 	LLVMValueRef bp =
@@ -1866,7 +1923,7 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 				 ta,
 				 tb,
 				 I32(rows),
-				 I32(N),
+				 I32(ncols),
 				 I32(K),
 				 LLVMConstReal(et, 1.0),
 				 ap,
@@ -1885,11 +1942,15 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "gemm_call");
 	LLVMBasicBlockRef skip =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "gemm_skip");
-	LLVMValueRef ok =
-	    LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, fn, ""),
+	LLVMValueRef ok = LLVMBuildAnd(
+	    g->b, LLVMBuildIsNotNull(g->b, fn, ""),
+	    LLVMBuildAnd(g->b,
 			 LLVMBuildICmp(g->b, LLVMIntSGT, rows,
 				       LLVMConstInt(g->i64, 0, 0), ""),
-			 "");
+			 LLVMBuildICmp(g->b, LLVMIntSGT, ncols,
+				       LLVMConstInt(g->i64, 0, 0), ""),
+			 ""),
+	    "");
 	LLVMBuildCondBr(g->b, ok, call, skip);
 	LLVMPositionBuilderAtEnd(g->b, call);
 	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
@@ -1913,6 +1974,10 @@ static void gemm_extent(cctx_t *c, kernel_t *k)
 	nmb = ix_max(c, nmb, ix_const(c, 1));
 	if (r == 3)
 		nmb = ix_mul(c, nmb, ix_dim(c, a->sizes[0]));
+	int64_t nb = cg_gemm_col_block(c, n);
+	if (nb > 0)
+		nmb = ix_mul(
+		    c, nmb, ix_const(c, (n->gb->sizes[r - 1].c + nb - 1) / nb));
 	k->extent = dim_of(nmb);
 	k->grain = 1;
 }

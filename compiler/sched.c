@@ -603,6 +603,12 @@ char *sched_report(cctx_t *c)
 			sb_dims(c, &s, n->frank, n->fsizes, 0);
 			sb_printf(&s, " K=");
 			sb_dims(c, &s, 1, &a->sizes[r - 1], 0);
+			int64_t nb = cg_gemm_col_block(c, n);
+			if (nb > 0)
+				sb_printf(&s,
+					  ", columns in blocks of %lld "
+					  "(few row blocks)",
+					  (long long)nb);
 			sb_printf(&s, ", A %s, B %s, buf%u%s  <- node %d %s\n",
 				  dim_is(a->strides[r - 1], 1) ? "row-major"
 							       : "transposed",

@@ -801,6 +801,10 @@ def build_nn():
          U(70), U(130, 8), U(8, 70))
     case("bmm", "relu_epilogue", lambda x, y: A.relu.default(A.mul.Tensor(A.bmm.default(x, y), 0.5)), U(2, 70, 8), U(2, 8, 33))
     case("mm", "wide_epilogue", lambda x, y, b: A.sigmoid.default(A.add.Tensor(A.mm.default(x, y), b)), U(2, 3), U(3, 8200), U(8200))
+    # few row blocks, many columns: units split over column blocks (the
+    # last one shorter), also with a transposed B and over batches
+    case("mm", "cols_t", A.mm.default, U(4, 6), T(U(6, 1030)))
+    case("bmm", "cols_t", A.bmm.default, U(2, 5, 3), U(2, 600, 3).transpose(1, 2))
     seed("embedding")
     w = U(10, 4)
     case("embedding", "default", A.embedding.default, w, I(2, 3, lo=0, hi=10))

@@ -365,6 +365,60 @@ Test(fusion, softmax_is_one_kernel)
 	kiln_compiler_free(kc);
 }
 
+/* A product with one block of rows and many columns is split into column
+ * blocks (so every thread of the pool gets a share), and the report says
+ * so; one with many row blocks is not. Values: the mm op cases (cols_t,
+ * wide_epilogue). */
+static char *mm_report(kiln_compiler_t *kc, int64_t m, int64_t k, int64_t n)
+{
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 2);
+	spec2(&b, "f32", m, k);
+	spec2(&b, "f32", k, n);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.mm.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 2);
+	ref(&b, 0);
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", m, n);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 2);
+	kiln_graph_t *g = graph_from_json_like("mm", &b.sb);
+	char *rep;
+	uint32_t nk = n_kernels(kc, g, &rep);
+	cr_expect_eq(nk, 1, "mm: %u kernels:\n%s", nk, rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	return rep;
+}
+
+Test(fusion, few_row_blocks_split_columns)
+{
+	kiln_compiler_t *kc = new_compiler();
+	/* 1 row block: 3136 / 12 columns (at least 256 each), rounded up
+	 * to a multiple of 16 */
+	char *rep = mm_report(kc, 64, 576, 3136);
+	cr_expect(strstr(rep, "columns in blocks of 272") != NULL, "%s", rep);
+	free(rep);
+	rep = mm_report(kc, 4096, 64, 3136);
+	cr_expect(strstr(rep, "matmul via BLAS") != NULL, "%s", rep);
+	cr_expect(strstr(rep, "columns in blocks") == NULL, "%s", rep);
+	free(rep);
+	kiln_compiler_free(kc);
+}
+
 Test(fusion, layer_norm_is_one_kernel)
 {
 	kiln_compiler_t *kc = new_compiler();

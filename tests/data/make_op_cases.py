@@ -887,6 +887,14 @@ def build_nn():
     case(op, "1d", lambda g, x, w: cb(g, x, w, [5], [2], [1], [1], False, [0], 1, [True, True, True]), U(2, 5, 5), U(2, 3, 9), U(5, 3, 3))
     case(op, "transposed", lambda g, x, w: cb(g, x, w, [2], [2, 2], [1, 1], [1, 1], True, [1, 0], 1, [True, True, True]),
          U(1, 2, 8, 5), U(1, 3, 4, 3), U(3, 2, 3, 3))
+    # im2col + GEMM (C·KH·KW > 32): one image; a batch of small images in
+    # the columns of one product (read back through a permuted view, here
+    # into a relu epilogue); the same in f64
+    op = "convolution"
+    case(op, "im2col_dil", lambda x, w: conv(x, w, None, [1, 1], [1, 1], [1, 2], False, [0, 0], 1), U(1, 5, 9, 8), U(6, 5, 3, 3))
+    case(op, "batch_cols_relu", lambda x, w, b: A.relu.default(conv(x, w, b, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)),
+         U(3, 5, 9, 8), U(7, 5, 3, 3), U(7))
+    case(op, "batch_cols_f64", lambda x, w: conv(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), U(2, 5, 4, 4, dt=f64), U(3, 5, 3, 3, dt=f64))
     seed("pool")
     op = "max_pool2d_with_indices"
     mp = A.max_pool2d_with_indices.default

@@ -155,7 +155,18 @@ typedef struct cnode {
 	 * (b: the batch dims, none for mm), A and B strided buffer views */
 	bool gemm;
 	const struct lt *ga, *gb;
+	/* with gemm: a convolution, buf[n, o, oh, ow] = sum_ckk ga[o, ckk] *
+	 * im2col(gb)[n, ckk, (oh, ow)], gb the 4-d input buffer view; the
+	 * kernel builds each tile of columns in a scratch and multiplies it
+	 * there (codegen.c) */
+	const struct convspec *conv;
 } cnode_t;
+
+typedef struct convspec {
+	int64_t N, C, H, W, O, KH, KW, OH, OW;
+	int64_t s[2], p[2], d[2];
+	int64_t rows; /* output rows per tile of columns */
+} convspec_t;
 
 /* ---- kernels ------------------------------------------------------------- */
 

@@ -1785,7 +1785,7 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 	uint32_t r = a->rank;
 	kiln_dim_t M = a->sizes[r - 2], N = b->sizes[r - 1];
 	(void)c;
-	if (M.e != NULL || N.e != NULL)
+	if (n->conv != NULL || M.e != NULL || N.e != NULL)
 		return 0;
 	int64_t batch = 1;
 	if (r == 3) {
@@ -1963,9 +1963,213 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	memo_clear(g);
 }
 
+/* ---- convolution: im2col tiles multiplied in place ----------------------- */
+
+static LLVMValueRef K64(gen_t *g, int64_t v)
+{
+	return LLVMConstInt(g->i64, (uint64_t)v, 1);
+}
+
+static LLVMValueRef imin(gen_t *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, a, b, ""),
+			       a, b, "");
+}
+
+static int64_t conv_tiles(const convspec_t *cs)
+{
+	return (cs->OH + cs->rows - 1) / cs->rows;
+}
+
+/* One unit u = (image, tile of `rows` output rows). The tile's columns,
+ * col[ckk, r·OW + ow] for ckk = (c, kh, kw), go to a stack scratch of
+ * [C·KH·KW, rows·OW] elements: per (ckk, output row) a run of zeros where
+ * the tap falls in the padding, a copy (memcpy at stride 1 over a
+ * unit-stride row) or a strided gather, and zeros again; then one ?gemm
+ * out[n, m0:m1, tile] = W[m0:m1, :] @ col with ldc = OH·OW. */
+static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	const cnode_t *n = &c->nodes[g->k->members[0].node];
+	const convspec_t *cs = n->conv;
+	const lt_t *wt = n->ga, *xt = n->gb;
+	bool f64 = c->bufs[n->buf].dtype == KILN_DT_F64;
+	LLVMTypeRef et = f64 ? g->f64 : g->f32;
+	unsigned esz = f64 ? 8 : 4;
+	int64_t CKK = cs->C * cs->KH * cs->KW, P = cs->OH * cs->OW;
+	int64_t T = conv_tiles(cs);
+	LLVMValueRef scratch = entry_alloca(
+	    g, LLVMArrayType(et, (unsigned)(CKK * cs->rows * cs->OW)));
+	LLVMSetAlignment(scratch, 64);
+	LLVMValueRef xs[4];
+	for (int k = 0; k < 4; k++)
+		xs[k] = emit_ix(g, ix_dim(c, xt->strides[k]));
+	LLVMValueRef xoff = emit_ix(g, ix_dim(c, xt->offset));
+	LLVMValueRef woff = emit_ix(g, ix_dim(c, wt->offset));
+	LLVMValueRef lda = emit_ix(g, ix_dim(c, wt->strides[0]));
+	bool unit_w = dim_is(xt->strides[3], 1) && cs->s[1] == 1;
+	LLVMValueRef xp = buf_ptr(g, xt->buf), wp = buf_ptr(g, wt->buf),
+		     op = buf_ptr(g, n->buf);
+	LLVMValueRef fn = blas_fn(g, f64);
+	LLVMValueRef zero8 = LLVMConstInt(g->i8, 0, 0);
+
+	loop_t U;
+	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef ti = LLVMBuildURem(g->b, U.i, K64(g, T), "");
+	LLVMValueRef ni = LLVMBuildUDiv(g->b, U.i, K64(g, T), "");
+	LLVMValueRef oh0 = LLVMBuildMul(g->b, ti, K64(g, cs->rows), "");
+	LLVMValueRef nr = imin(g, K64(g, cs->rows),
+			       LLVMBuildSub(g->b, K64(g, cs->OH), oh0, ""));
+	LLVMValueRef pt = LLVMBuildMul(g->b, nr, K64(g, cs->OW), "");
+	LLVMValueRef xn =
+	    LLVMBuildAdd(g->b, xoff, LLVMBuildMul(g->b, ni, xs[0], ""), "");
+
+	/* im2col of the tile: one row of the scratch per ckk */
+	loop_t Kl;
+	loop_begin(g, &Kl, K64(g, 0), K64(g, CKK), 1);
+	LLVMValueRef ck = Kl.i;
+	LLVMValueRef ch = LLVMBuildUDiv(g->b, ck, K64(g, cs->KH * cs->KW), "");
+	LLVMValueRef kh =
+	    LLVMBuildURem(g->b, LLVMBuildUDiv(g->b, ck, K64(g, cs->KW), ""),
+			  K64(g, cs->KH), "");
+	LLVMValueRef kw = LLVMBuildURem(g->b, ck, K64(g, cs->KW), "");
+	/* iw = ow·sw + iwo; in range for ow in [lo, hi) */
+	LLVMValueRef iwo =
+	    LLVMBuildSub(g->b, LLVMBuildMul(g->b, kw, K64(g, cs->d[1]), ""),
+			 K64(g, cs->p[1]), "");
+	/* lo = ceil(-iwo / sw) when iwo < 0, else 0 */
+	LLVMValueRef neg = LLVMBuildSub(g->b, K64(g, 0), iwo, "");
+	LLVMValueRef lo = LLVMBuildSDiv(
+	    g->b, LLVMBuildAdd(g->b, neg, K64(g, cs->s[1] - 1), ""),
+	    K64(g, cs->s[1]), "");
+	lo = imax(g, lo, K64(g, 0));
+	lo = imin(g, lo, K64(g, cs->OW));
+	/* hi = floor((W - 1 - iwo) / sw) + 1 when W - 1 - iwo >= 0, else 0 */
+	LLVMValueRef room = LLVMBuildSub(g->b, K64(g, cs->W - 1), iwo, "");
+	LLVMValueRef hi = LLVMBuildAdd(
+	    g->b,
+	    LLVMBuildSDiv(g->b, imax(g, room, K64(g, 0)), K64(g, cs->s[1]), ""),
+	    K64(g, 1), "");
+	hi = LLVMBuildSelect(
+	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, room, K64(g, 0), ""),
+	    K64(g, 0), hi, "");
+	hi = imin(g, hi, K64(g, cs->OW));
+	hi = imax(g, hi, lo);
+	LLVMValueRef xc =
+	    LLVMBuildAdd(g->b, xn, LLVMBuildMul(g->b, ch, xs[1], ""), "");
+	LLVMValueRef rowk = LLVMBuildMul(g->b, ck, pt, "");
+	loop_t R;
+	loop_begin(g, &R, K64(g, 0), nr, 1);
+	LLVMValueRef ih = LLVMBuildAdd(
+	    g->b,
+	    LLVMBuildMul(g->b, LLVMBuildAdd(g->b, oh0, R.i, ""),
+			 K64(g, cs->s[0]), ""),
+	    LLVMBuildSub(g->b, LLVMBuildMul(g->b, kh, K64(g, cs->d[0]), ""),
+			 K64(g, cs->p[0]), ""),
+	    "");
+	LLVMValueRef didx = LLVMBuildAdd(
+	    g->b, rowk, LLVMBuildMul(g->b, R.i, K64(g, cs->OW), ""), "");
+	LLVMValueRef dst = LLVMBuildGEP2(g->b, et, scratch, &didx, 1, "");
+	LLVMValueRef inh = LLVMBuildAnd(
+	    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, ih, K64(g, 0), ""),
+	    LLVMBuildICmp(g->b, LLVMIntSLT, ih, K64(g, cs->H), ""), "");
+	LLVMBasicBlockRef bin =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_in");
+	LLVMBasicBlockRef bpad =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_pad");
+	LLVMBasicBlockRef bnext =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_next");
+	LLVMBuildCondBr(g->b, inh, bin, bpad);
+	LLVMPositionBuilderAtEnd(g->b, bpad);
+	LLVMBuildMemSet(g->b, dst, zero8, K64(g, cs->OW * (int64_t)esz), 4);
+	LLVMBuildBr(g->b, bnext);
+	LLVMPositionBuilderAtEnd(g->b, bin);
+	LLVMValueRef esz_v = K64(g, esz);
+	LLVMBuildMemSet(g->b, dst, zero8, LLVMBuildMul(g->b, lo, esz_v, ""), 4);
+	LLVMValueRef tail = LLVMBuildGEP2(g->b, et, dst, &hi, 1, "");
+	LLVMBuildMemSet(g->b, tail, zero8,
+			LLVMBuildMul(g->b,
+				     LLVMBuildSub(g->b, K64(g, cs->OW), hi, ""),
+				     esz_v, ""),
+			4);
+	LLVMValueRef xrow =
+	    LLVMBuildAdd(g->b, xc, LLVMBuildMul(g->b, ih, xs[2], ""), "");
+	if (unit_w) {
+		/* iw = ow + iwo: a copy of the row's [lo + iwo, hi + iwo) */
+		LLVMValueRef si = LLVMBuildAdd(
+		    g->b, xrow, LLVMBuildAdd(g->b, lo, iwo, ""), "");
+		LLVMValueRef src = LLVMBuildGEP2(g->b, et, xp, &si, 1, "");
+		LLVMValueRef d0 = LLVMBuildGEP2(g->b, et, dst, &lo, 1, "");
+		LLVMBuildMemCpy(g->b, d0, 4, src, 4,
+				LLVMBuildMul(g->b,
+					     LLVMBuildSub(g->b, hi, lo, ""),
+					     esz_v, ""));
+	} else {
+		loop_t Wl;
+		loop_begin(g, &Wl, lo, hi, 1);
+		LLVMValueRef iw = LLVMBuildAdd(
+		    g->b, LLVMBuildMul(g->b, Wl.i, K64(g, cs->s[1]), ""), iwo,
+		    "");
+		LLVMValueRef si = LLVMBuildAdd(
+		    g->b, xrow, LLVMBuildMul(g->b, iw, xs[3], ""), "");
+		LLVMValueRef v = LLVMBuildLoad2(
+		    g->b, et, LLVMBuildGEP2(g->b, et, xp, &si, 1, ""), "");
+		LLVMBuildStore(g->b, v,
+			       LLVMBuildGEP2(g->b, et, dst, &Wl.i, 1, ""));
+		loop_end(g, &Wl);
+	}
+	LLVMBuildBr(g->b, bnext);
+	LLVMPositionBuilderAtEnd(g->b, bnext);
+	loop_end(g, &R);
+	loop_end(g, &Kl);
+
+	/* out[n, :, oh0·OW ..] = W @ col (ldc = OH·OW) */
+	LLVMValueRef coff =
+	    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, ni, K64(g, cs->O * P), ""),
+			 LLVMBuildMul(g->b, oh0, K64(g, cs->OW), ""), "");
+	LLVMValueRef zero = K64(g, 0);
+	LLVMValueRef sp = LLVMBuildGEP2(g->b, et, scratch, &zero, 1, "");
+#define I32(v) LLVMBuildTrunc(g->b, (v), g->i32, "")
+	LLVMValueRef args[14] = {
+	    LLVMConstInt(g->i32, 101, 0), /* row major */
+	    LLVMConstInt(g->i32, 111, 0), /* no transpose */
+	    LLVMConstInt(g->i32, 111, 0),
+	    LLVMConstInt(g->i32, (uint64_t)cs->O, 0),
+	    I32(pt),
+	    LLVMConstInt(g->i32, (uint64_t)CKK, 0),
+	    LLVMConstReal(et, 1.0),
+	    LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""),
+	    I32(imax(g, lda, K64(g, CKK))),
+	    sp,
+	    I32(imax(g, pt, K64(g, 1))),
+	    LLVMConstReal(et, 0.0),
+	    LLVMBuildGEP2(g->b, et, op, &coff, 1, ""),
+	    LLVMConstInt(g->i32, (uint64_t)P, 0)};
+#undef I32
+	LLVMTypeRef ptys[14] = {g->i32, g->i32, g->i32, g->i32, g->i32,
+				g->i32, et,	g->ptr, g->i32, g->ptr,
+				g->i32, et,	g->ptr, g->i32};
+	LLVMTypeRef ft = LLVMFunctionType(g->voidt, ptys, 14, 0);
+	LLVMBasicBlockRef call =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_gemm");
+	LLVMBasicBlockRef skip =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_skip");
+	LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, fn, ""), call, skip);
+	LLVMPositionBuilderAtEnd(g->b, call);
+	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
+	LLVMBuildBr(g->b, skip);
+	LLVMPositionBuilderAtEnd(g->b, skip);
+	loop_end(g, &U);
+}
+
 static void gemm_extent(cctx_t *c, kernel_t *k)
 {
 	const cnode_t *n = &c->nodes[k->members[0].node];
+	if (n->conv != NULL) {
+		k->extent = dim_const(n->conv->N * conv_tiles(n->conv));
+		k->grain = 1;
+		return;
+	}
 	const lt_t *a = n->ga;
 	uint32_t r = a->rank;
 	const kiln_expr_t *m = ix_dim(c, a->sizes[r - 2]);
@@ -2079,7 +2283,9 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	if (g->mval == NULL || g->mval_width == NULL)
 		return -ENOMEM;
 	memo_clear(g);
-	if (k->is_gemm)
+	if (k->is_gemm && c->nodes[k->members[0].node].conv != NULL)
+		gen_conv_body(g, begin, end);
+	else if (k->is_gemm)
 		gen_gemm_body(g, begin, end);
 	else
 		gen_kernel_body(g, begin, end);

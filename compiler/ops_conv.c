@@ -2,8 +2,15 @@
  * ops_conv.c — convolution (1-d and 2-d, stride, padding, dilation,
  * groups) and its backward.
  *
- * Forward, two templates:
- *   im2col + GEMM (the general case): col[n·g, (cg,kh,kw), (oh,ow)] =
+ * Forward, by shape:
+ *   1x1, stride 1, no padding, groups == 1: out[n] = W @ x[n] viewed as
+ *     [C, H·W] (the input is its own im2col: no copy).
+ *   tiled im2col + GEMM (groups == 1, tiles of >= 128 columns and >= 8
+ *     tiles in all): one kernel; each unit writes the im2col columns of a
+ *     block of output rows into a stack scratch of <= 512 KiB and
+ *     multiplies W by it there through BLAS (conv_tiled, gen_conv_body in
+ *     codegen.c), so the columns never reach memory.
+ *   im2col + GEMM (the rest): col[n·g, (cg,kh,kw), (oh,ow)] =
  *     x[n, g·Cg + cg, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw] (0 outside)
  *     is materialized, then out[n·g] = W[g] @ col[n·g] through BLAS (for
  *     a batch of small images, groups == 1: col[(c,kh,kw), (n,oh,ow)] and
@@ -131,6 +138,128 @@ static const sx_t *xin(cctx_t *c, const lt_t *x, const kiln_expr_t *n,
 #define IC(v) ix_const(c, (v))
 #define IV(k) ix_var(c, (k))
 
+/* Scratch per tile of the tiled template, in elements: 512 KiB of f32,
+ * so a tile of columns stays in L2 between the im2col that writes it and
+ * the product that reads it. */
+static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **out);
+
+#define CONV_TILE_BYTES (512 * 1024)
+/* The tiled template is chosen when its tiles have at least this many
+ * columns (BLAS slows down on narrower products: 56 columns for
+ * resnet18's 256->256 3x3 at 14², 0.68 -> 0.62x eager at batch 16) and
+ * there are this many tiles in all (at batch 1 the whole-image im2col of
+ * a deep layer stays in cache and its product splits better: 512->512 at
+ * 7² 1.09 vs 0.57x eager). Measured on resnet18's layers
+ * (tests/bench/bench_ops.py --conv). */
+#define CONV_TILE_MIN_COLS  128
+#define CONV_TILE_MIN_UNITS 8
+
+/* Output rows per tile: as many as fit CONV_TILE_BYTES, 1 to OH. */
+static int64_t conv_tile_rows(int64_t ckk, int64_t oh, int64_t ow,
+			      kiln_dtype_t acc)
+{
+	int64_t esz = acc == KILN_DT_F64 ? 8 : 4;
+	int64_t rows = CONV_TILE_BYTES / esz / (ckk * ow);
+	return rows < 1 ? 1 : rows > oh ? oh : rows;
+}
+
+/* t as a buffer of dtype acc whose last dim has unit stride. */
+static int unit_stride_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **out)
+{
+	cctx_t *c = n->c;
+	if (t->is_buf && t->dtype == acc &&
+	    dim_is(t->strides[t->rank - 1], 1)) {
+		*out = t;
+		return 0;
+	}
+	lt_t *u =
+	    lt_fn(c, acc, t->rank, t->sizes, sx_cast(c, lt_body(c, t), acc));
+	if (u == NULL)
+		return -ENOMEM;
+	return lt_realize(c, u, (int32_t)n->index, out);
+}
+
+/* The tiled template (groups == 1): one compute node whose kernel, for
+ * each unit (image, block of output rows),
+ * writes that block's im2col columns into a scratch of at most
+ * CONV_TILE_BYTES and multiplies W by it there through BLAS, so the
+ * columns never go to memory (the whole-image im2col wrote and read back
+ * C·KH·KW times the input: 115 MB for resnet18's 64->64 3x3 at batch
+ * 16). */
+static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
+		      kiln_dtype_t acc, const int64_t *dims, lt_t **out)
+{
+	cctx_t *c = n->c;
+	int64_t N = dims[0], C = dims[1], H = dims[2], W = dims[3], O = dims[4],
+		KH = dims[5], KW = dims[6], OH = dims[7], OW = dims[8];
+	int64_t CKK = C * KH * KW;
+	lt_t *xb, *wb;
+	int rc = acc_buf(n, x, acc, &xb);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+	lt_t *wv = lt_reshape(c, w, 2, w2);
+	if (wv == NULL)
+		return -ENOMEM;
+	rc = unit_stride_buf(n, wv, acc, &wb);
+	if (rc != 0)
+		return rc;
+	convspec_t *cs = kiln_arena_calloc(c->arena, 1, sizeof(*cs));
+	if (cs == NULL)
+		return -ENOMEM;
+	*cs = (convspec_t){.N = N,
+			   .C = C,
+			   .H = H,
+			   .W = W,
+			   .O = O,
+			   .KH = KH,
+			   .KW = KW,
+			   .OH = OH,
+			   .OW = OW};
+	for (int k = 0; k < 2; k++) {
+		cs->s[k] = cv->s[k];
+		cs->p[k] = cv->p[k];
+		cs->d[k] = cv->d[k];
+	}
+	cs->rows = conv_tile_rows(CKK, OH, OW, acc);
+	kiln_dim_t sz[4] = {dim_const(N), dim_const(O), dim_const(OH),
+			    dim_const(OW)};
+	uint32_t buf = new_buf(c, CB_TEMP, acc, 4, sz);
+	int32_t ni = new_cnode(c);
+	if (buf == UINT32_MAX || ni < 0)
+		return -ENOMEM;
+	cnode_t *cn = &c->nodes[ni];
+	cn->buf = buf;
+	cn->gemm = true;
+	cn->ga = wb;
+	cn->gb = xb;
+	cn->conv = cs;
+	cn->node = (int32_t)n->index;
+	cn->frank = 4;
+	for (uint32_t i = 0; i < 4; i++)
+		cn->fsizes[i] = sz[i];
+	cn->body = sx_consti(c, 0, KILN_DT_I64); /* no element body */
+	if (cn->body == NULL)
+		return -ENOMEM;
+	c->bufs[buf].producer = ni;
+	*out = lt_buf(c, buf);
+	return *out ? 0 : -ENOMEM;
+}
+
+/* y[N, O, OH, OW] = a[N, O, K] @ b[N, K, OH·OW] (a batched product). */
+static int gemm_nchw(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t acc, int64_t N,
+		     int64_t O, int64_t OH, int64_t OW, lt_t **y)
+{
+	lt_t *o3;
+	int rc = lgemm(n, a, b, acc, &o3);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t o4[4] = {dim_const(N), dim_const(O), dim_const(OH),
+			    dim_const(OW)};
+	*y = lt_reshape(n->c, o3, 4, o4);
+	return *y ? 0 : -ENOMEM;
+}
+
 int low_convolution(cctx_t *c, lnode_t *n)
 {
 	lt_t *x0, *w0, *b;
@@ -242,6 +371,44 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		y = y4 ? lt_permute(c, y4, perm) : NULL;
 		if (y == NULL)
 			return -ENOMEM;
+	} else if (G == 1 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
+		   cv.s[1] == 1 && cv.p[0] == 0 && cv.p[1] == 0) {
+		/* 1x1, stride 1, no padding: the input is its own im2col,
+		 * out[n] = W[O, C] @ x[n] viewed as [C, H·W] */
+		lt_t *xb;
+		rc = acc_buf(n, x, acc, &xb);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t x3[3] = {dim_const(N), dim_const(C),
+				    dim_const(H * W)};
+		lt_t *b3 = lt_reshape(c, xb, 3, x3);
+		if (b3 == NULL)
+			return -ENOMEM;
+		lt_t *wa;
+		kiln_dim_t w2[2] = {dim_const(O), dim_const(C)};
+		lt_t *wv = lt_reshape(c, w, 2, w2);
+		if (wv == NULL)
+			return -ENOMEM;
+		rc = unit_stride_buf(n, wv, acc, &wa);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t e3[3] = {dim_const(N), dim_const(O), dim_const(C)};
+		lt_t *w3 = lt_expand(c, wa, 3, e3);
+		if (w3 == NULL)
+			return -ENOMEM;
+		rc = gemm_nchw(n, w3, b3, acc, N, O, OH, OW, &y);
+		if (rc != 0)
+			return rc;
+	} else if (G == 1 &&
+		   conv_tile_rows(CKK, OH, OW, acc) * OW >=
+		       CONV_TILE_MIN_COLS &&
+		   N * ((OH + conv_tile_rows(CKK, OH, OW, acc) - 1) /
+			conv_tile_rows(CKK, OH, OW, acc)) >=
+		       CONV_TILE_MIN_UNITS) {
+		const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+		rc = conv_tiled(n, x, w, &cv, acc, dims, &y);
+		if (rc != 0)
+			return rc;
 	} else {
 		/* im2col: [N·G, Cg, KH, KW, OH, OW], realized contiguous */
 		kiln_dim_t cs[6] = {dim_const(N * G), dim_const(Cg),
@@ -305,15 +472,9 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		}
 		if (w3 == NULL || col3 == NULL)
 			return -ENOMEM;
-		lt_t *o3;
-		rc = lgemm(n, w3, col3, acc, &o3);
+		rc = gemm_nchw(n, w3, col3, acc, N, O, OH, OW, &y);
 		if (rc != 0)
 			return rc;
-		kiln_dim_t o4[4] = {dim_const(N), dim_const(O), dim_const(OH),
-				    dim_const(OW)};
-		y = lt_reshape(c, o3, 4, o4);
-		if (y == NULL)
-			return -ENOMEM;
 	}
 	if (b != NULL) {
 		const kiln_expr_t *bi[1] = {IV(1)};

@@ -592,6 +592,29 @@ char *sched_report(cctx_t *c)
 				  k->name, n->node, c->g->nodes[n->node].op);
 			continue;
 		}
+		if (k->is_gemm && c->nodes[k->members[0].node].conv != NULL) {
+			const cnode_t *n = &c->nodes[k->members[0].node];
+			const convspec_t *cs = n->conv;
+			bool f64 = c->bufs[n->buf].dtype == KILN_DT_F64;
+			int64_t ckk = cs->C * cs->KH * cs->KW;
+			sb_printf(&s,
+				  "%s: convolution as im2col tiles + BLAS %s ",
+				  k->name, f64 ? "dgemm" : "sgemm");
+			sb_dims(c, &s, n->frank, n->fsizes, 0);
+			sb_printf(&s,
+				  " K=%lld, tiles of %lld output rows (%lld "
+				  "columns, %lld KiB scratch)",
+				  (long long)ckk, (long long)cs->rows,
+				  (long long)(cs->rows * cs->OW),
+				  (long long)((ckk * cs->rows * cs->OW *
+						   (f64 ? 8 : 4) +
+					       1023) /
+					      1024));
+			sb_printf(&s, ", buf%u%s  <- node %d %s\n", n->buf,
+				  c->bufs[n->buf].is_output ? " (output)" : "",
+				  n->node, c->g->nodes[n->node].op);
+			continue;
+		}
 		if (k->is_gemm) {
 			const cnode_t *n = &c->nodes[k->members[0].node];
 			const lt_t *a = n->ga, *b = n->gb;

@@ -209,7 +209,13 @@ def test_inference_matches_eager(name):
 # steps). In f64 the rounding is 1e-16 and no mask flips, so kiln's training
 # graphs are checked against eager's to the tolerances below (measured: 5-step
 # losses equal to 1e-11, parameters to 7e-7 relative).
-_TRAIN_F64 = {"mobilenet_v2"}
+# resnet18 (batch 4, 64x64) is on the same edge in f32: with torch.randn
+# inputs kiln's loss leaves eager's by 1.4e-3 relative at step 3 while its
+# step-0 gradients are within 1.7x of eager's own f32 error everywhere, and
+# whether the test's input crosses a kink depended on which BLAS call shape
+# a 2x2 convolution took (one product per image or the batch in one). So it
+# trains in f64 too.
+_TRAIN_F64 = {"mobilenet_v2", "resnet18"}
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])

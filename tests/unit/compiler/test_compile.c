@@ -419,6 +419,170 @@ Test(fusion, few_row_blocks_split_columns)
 	kiln_compiler_free(kc);
 }
 
+/* The tiled convolution template (ops_conv.c conv_tiled, codegen.c
+ * gen_conv_body) against the interpreter, on shapes large enough to take
+ * it: several tiles per image with a shorter last one, padding on every
+ * side (the zero runs of a tile row), stride and dilation (the gather
+ * loop), an input that is a permuted view (non-unit stride along W), and
+ * f64 through dgemm. */
+typedef struct convcase {
+	const char *dt;
+	int64_t N, C, H, W, O, K, s[2], p[2], d[2];
+	bool permuted; /* x arrives as [N, C, W, H] and is permuted */
+} convcase_t;
+
+static void spec4(gb_t *b, const char *dt, const int64_t *d)
+{
+	msgpack_pack_map(&b->pk, 2);
+	s(b, "dtype");
+	s(b, dt);
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, 4);
+	for (int i = 0; i < 4; i++)
+		msgpack_pack_int64(&b->pk, d[i]);
+}
+
+static void ints2(gb_t *b, const int64_t *v)
+{
+	msgpack_pack_array(&b->pk, 2);
+	msgpack_pack_int64(&b->pk, v[0]);
+	msgpack_pack_int64(&b->pk, v[1]);
+}
+
+static void check_tiled_conv(kiln_compiler_t *kc, const convcase_t *cc)
+{
+	int64_t OH =
+	    (cc->H + 2 * cc->p[0] - cc->d[0] * (cc->K - 1) - 1) / cc->s[0] + 1;
+	int64_t OW =
+	    (cc->W + 2 * cc->p[1] - cc->d[1] * (cc->K - 1) - 1) / cc->s[1] + 1;
+	int64_t xin[4] = {cc->N, cc->C, cc->permuted ? cc->W : cc->H,
+			  cc->permuted ? cc->H : cc->W};
+	int64_t x4[4] = {cc->N, cc->C, cc->H, cc->W};
+	int64_t w4[4] = {cc->O, cc->C, cc->K, cc->K};
+	int64_t y4[4] = {cc->N, cc->O, OH, OW};
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 2);
+	spec4(&b, cc->dt, xin);
+	spec4(&b, cc->dt, w4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, cc->permuted ? 2 : 1);
+	if (cc->permuted) {
+		msgpack_pack_map(&b.pk, 3);
+		s(&b, "op");
+		s(&b, "aten.permute.default");
+		s(&b, "args");
+		msgpack_pack_array(&b.pk, 2);
+		ref(&b, 0);
+		msgpack_pack_array(&b.pk, 4);
+		static const int64_t perm[4] = {0, 1, 3, 2};
+		for (int i = 0; i < 4; i++)
+			msgpack_pack_int64(&b.pk, perm[i]);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		spec4(&b, cc->dt, x4);
+	}
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.convolution.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 9);
+	ref(&b, cc->permuted ? 2 : 0);
+	ref(&b, 1);
+	msgpack_pack_nil(&b.pk);
+	ints2(&b, cc->s);
+	ints2(&b, cc->p);
+	ints2(&b, cc->d);
+	msgpack_pack_false(&b.pk);
+	static const int64_t zero2[2] = {0, 0};
+	ints2(&b, zero2);
+	msgpack_pack_int64(&b.pk, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec4(&b, cc->dt, y4);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, cc->permuted ? 3 : 2);
+	kiln_graph_t *g = graph_from_json_like("convolution", &b.sb);
+	char *rep;
+	n_kernels(kc, g, &rep);
+	cr_expect(strstr(rep, "im2col tiles") != NULL, "%s", rep);
+	free(rep);
+
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	int rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_module_t *m = NULL;
+	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_dtype_t dt =
+	    strcmp(cc->dt, "f64") == 0 ? KILN_DT_F64 : KILN_DT_F32;
+	kiln_tensor_t in[2];
+	cr_assert_eq(kiln_td_tensor_alloc(&in[0], dt, 4, xin), 0);
+	cr_assert_eq(kiln_td_tensor_alloc(&in[1], dt, 4, w4), 0);
+	for (int t = 0; t < 2; t++) {
+		int64_t cnt = 1;
+		for (int k = 0; k < 4; k++)
+			cnt *= in[t].sizes[k];
+		for (int64_t i = 0; i < cnt; i++) {
+			double v = kiln_td_prng_uniform(11 + (uint64_t)t,
+							(uint64_t)i, -1, 1);
+			if (dt == KILN_DT_F64)
+				((double *)in[t].data)[i] = v;
+			else
+				((float *)in[t].data)[i] = (float)v;
+		}
+	}
+	kiln_io_t args[2] = {{KILN_IO_TENSOR, 0, in[0]},
+			     {KILN_IO_TENSOR, 0, in[1]}};
+	void *ob[1] = {NULL};
+	kiln_io_t out[1];
+	rc = kiln_module_run(m, args, 2, ob, out, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_tensor_t want[1];
+	rc = kiln_interp_run(g, in, want, err, sizeof(err));
+	cr_assert_eq(rc, 0, "interp: %s", err);
+	/* sums of C·K·K products: f32 rounding grows with their number */
+	double rtol = dt == KILN_DT_F64 ? 1e-12 : 1e-4;
+	double atol = dt == KILN_DT_F64 ? 1e-12 : 1e-4;
+	kiln_td_cmp_t cr;
+	cr_expect(kiln_td_compare(&out[0].t, &want[0], rtol, atol, &cr),
+		  "%s N=%lld C=%lld %lldx%lld O=%lld k%lld: %s", cc->dt,
+		  (long long)cc->N, (long long)cc->C, (long long)cc->H,
+		  (long long)cc->W, (long long)cc->O, (long long)cc->K, cr.msg);
+	free(want[0].data);
+	free(ob[0]);
+	kiln_td_tensor_free(&in[0]);
+	kiln_td_tensor_free(&in[1]);
+	kiln_module_free(m);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+}
+
+Test(conv, tiled_template_matches_the_interpreter)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const convcase_t cases[] = {
+	    /* 5x5, padding 2: tiles of 8 rows over 20 (8, 8, 4) */
+	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false},
+	    /* stride 2, dilation 2 along W, uneven padding: gathers */
+	    {"f32", 4, 32, 30, 70, 6, 3, {2, 2}, {1, 2}, {1, 2}, false},
+	    /* an input with stride H along W */
+	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, true},
+	    {"f64", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		check_tiled_conv(kc, &cases[i]);
+	kiln_compiler_free(kc);
+}
+
 Test(fusion, layer_norm_is_one_kernel)
 {
 	kiln_compiler_t *kc = new_compiler();

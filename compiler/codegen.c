@@ -1998,8 +1998,13 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	unsigned esz = f64 ? 8 : 4;
 	int64_t CKK = cs->C * cs->KH * cs->KW, P = cs->OH * cs->OW;
 	int64_t T = conv_tiles(cs);
+	/* vector width; the scratch has one vector of slack for the last
+	 * row's whole-vector stores */
+	int vw = g->c->vec_width > 1 ? (int)g->c->vec_width / (f64 ? 2 : 1) : 1;
+	if (vw < 1)
+		vw = 1;
 	LLVMValueRef scratch = entry_alloca(
-	    g, LLVMArrayType(et, (unsigned)(CKK * cs->rows * cs->OW)));
+	    g, LLVMArrayType(et, (unsigned)(CKK * cs->rows * cs->OW + vw)));
 	LLVMSetAlignment(scratch, 64);
 	LLVMValueRef xs[4];
 	for (int k = 0; k < 4; k++)
@@ -2080,31 +2085,67 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMBasicBlockRef bnext =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_next");
 	LLVMBuildCondBr(g->b, inh, bin, bpad);
+	/* whole vectors over [0, OW rounded up to vw): the slack past a
+	 * row is the next row's start, written after it (or the scratch's
+	 * slack) */
+	int64_t owv = (cs->OW + vw - 1) / vw * vw;
+	LLVMTypeRef vt = LLVMVectorType(et, (unsigned)vw);
 	LLVMPositionBuilderAtEnd(g->b, bpad);
-	LLVMBuildMemSet(g->b, dst, zero8, K64(g, cs->OW * (int64_t)esz), 4);
+	if (unit_w) {
+		loop_t Z;
+		loop_begin(g, &Z, K64(g, 0), K64(g, owv), vw);
+		LLVMValueRef st =
+		    LLVMBuildStore(g->b, LLVMConstNull(vt),
+				   LLVMBuildGEP2(g->b, et, dst, &Z.i, 1, ""));
+		LLVMSetAlignment(st, esz);
+		loop_end(g, &Z);
+	} else {
+		LLVMBuildMemSet(g->b, dst, zero8, K64(g, cs->OW * (int64_t)esz),
+				4);
+	}
 	LLVMBuildBr(g->b, bnext);
 	LLVMPositionBuilderAtEnd(g->b, bin);
-	LLVMValueRef esz_v = K64(g, esz);
-	LLVMBuildMemSet(g->b, dst, zero8, LLVMBuildMul(g->b, lo, esz_v, ""), 4);
-	LLVMValueRef tail = LLVMBuildGEP2(g->b, et, dst, &hi, 1, "");
-	LLVMBuildMemSet(g->b, tail, zero8,
-			LLVMBuildMul(g->b,
-				     LLVMBuildSub(g->b, K64(g, cs->OW), hi, ""),
-				     esz_v, ""),
-			4);
 	LLVMValueRef xrow =
 	    LLVMBuildAdd(g->b, xc, LLVMBuildMul(g->b, ih, xs[2], ""), "");
 	if (unit_w) {
-		/* iw = ow + iwo: a copy of the row's [lo + iwo, hi + iwo) */
-		LLVMValueRef si = LLVMBuildAdd(
-		    g->b, xrow, LLVMBuildAdd(g->b, lo, iwo, ""), "");
+		/* iw = ow + iwo: lanes in [lo, hi) load x[.., ow + iwo], the
+		 * others are 0 (masked lanes are not read) */
+		LLVMValueRef lanes[16];
+		for (int l = 0; l < vw; l++)
+			lanes[l] = LLVMConstInt(g->i64, (uint64_t)l, 0);
+		LLVMValueRef lv = LLVMConstVector(lanes, (unsigned)vw);
+		LLVMValueRef lov = cg_splat(g, lo, vw);
+		LLVMValueRef hiv = cg_splat(g, hi, vw);
+		LLVMValueRef sbase = LLVMBuildAdd(g->b, xrow, iwo, "");
+		loop_t V;
+		loop_begin(g, &V, K64(g, 0), K64(g, owv), vw);
+		LLVMValueRef idx =
+		    LLVMBuildAdd(g->b, cg_splat(g, V.i, vw), lv, "");
+		LLVMValueRef mask = LLVMBuildAnd(
+		    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, idx, lov, ""),
+		    LLVMBuildICmp(g->b, LLVMIntSLT, idx, hiv, ""), "");
+		LLVMValueRef si = LLVMBuildAdd(g->b, sbase, V.i, "");
 		LLVMValueRef src = LLVMBuildGEP2(g->b, et, xp, &si, 1, "");
-		LLVMValueRef d0 = LLVMBuildGEP2(g->b, et, dst, &lo, 1, "");
-		LLVMBuildMemCpy(g->b, d0, 4, src, 4,
-				LLVMBuildMul(g->b,
-					     LLVMBuildSub(g->b, hi, lo, ""),
-					     esz_v, ""));
+		LLVMTypeRef over[2] = {vt, g->ptr};
+		LLVMValueRef margs[4] = {src, LLVMConstInt(g->i32, esz, 0),
+					 mask, LLVMConstNull(vt)};
+		LLVMValueRef v =
+		    cg_intr(g, "llvm.masked.load", over, 2, margs, 4);
+		LLVMValueRef st = LLVMBuildStore(
+		    g->b, v, LLVMBuildGEP2(g->b, et, dst, &V.i, 1, ""));
+		LLVMSetAlignment(st, esz);
+		loop_end(g, &V);
 	} else {
+		LLVMValueRef esz_v = K64(g, esz);
+		LLVMBuildMemSet(g->b, dst, zero8,
+				LLVMBuildMul(g->b, lo, esz_v, ""), 4);
+		LLVMValueRef tail = LLVMBuildGEP2(g->b, et, dst, &hi, 1, "");
+		LLVMBuildMemSet(
+		    g->b, tail, zero8,
+		    LLVMBuildMul(g->b,
+				 LLVMBuildSub(g->b, K64(g, cs->OW), hi, ""),
+				 esz_v, ""),
+		    4);
 		loop_t Wl;
 		loop_begin(g, &Wl, lo, hi, 1);
 		LLVMValueRef iw = LLVMBuildAdd(

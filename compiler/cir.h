@@ -117,6 +117,8 @@ typedef struct cbuf {
 	bool row_local;	     /* lives in a per-row scratch of its kernel */
 	bool custom_strides; /* an output laid out as declared, not row-major */
 	bool is_output;	     /* backs a graph output: an OUTPUT buffer */
+	bool tile_local;     /* a product fused with its epilogue: lives in
+				that kernel's scratch, never in memory */
 	int32_t out_index;   /* OUTPUT buffer number */
 	int32_t art_buf;     /* artifact buffer id */
 	uint32_t n_readers;  /* cnodes loading it */
@@ -189,6 +191,11 @@ typedef struct kernel {
 	bool is_fallback; /* a fallback step, not generated code */
 	bool is_gemm;	  /* a matrix product through BLAS (codegen.c) */
 	bool is_row; /* has reductions: outer (parallel) × reduced (inner) */
+	/* a BLAS product's pointwise epilogue, run by that kernel (the one
+	 * before) on each block of rows while they are in a scratch: no plan
+	 * step of its own (sched.c fuse_epilogues) */
+	bool is_epilogue;
+	bool has_epilogue; /* is_gemm: runs the next kernel on its blocks */
 	uint32_t frank;
 	kiln_dim_t fsizes[CIR_MAX_RANK];
 	uint32_t rmask;

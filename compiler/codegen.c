@@ -1859,6 +1859,17 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			   (uint64_t)((b->sizes[r - 1].c + nb_c - 1) / nb_c), 0)
 		     : one;
 	LLVMValueRef fn = blas_fn(g, f64);
+	/* with an epilogue: each 64-row block goes to a scratch, and the
+	 * epilogue runs on those rows (its body reading the product from
+	 * there) */
+	bool epi = g->k->has_epilogue;
+	LLVMValueRef scratch = NULL;
+	if (epi) {
+		scratch = entry_alloca(
+		    g,
+		    LLVMArrayType(et, (unsigned)(GEMM_MB * b->sizes[r - 1].c)));
+		LLVMSetAlignment(scratch, 64);
+	}
 	/* units: (batch, column block, row block), row blocks fastest; one
 	 * BLAS call per (batch, column block) for the whole [begin, end)
 	 * range of row blocks a task gets (a call per 64-row block would
@@ -1878,6 +1889,8 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMValueRef last = LLVMBuildSelect(
 	    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, end, bend, ""), end, bend,
 	    "");
+	if (epi) /* one block at a time: the scratch holds one */
+		last = LLVMBuildAdd(g->b, U.i, one, "");
 	LLVMValueRef mbk = LLVMConstInt(g->i64, GEMM_MB, 0);
 	LLVMValueRef m0 =
 	    LLVMBuildMul(g->b, LLVMBuildSub(g->b, U.i, bstart, ""), mbk, "");
@@ -1903,8 +1916,10 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	    LLVMBuildGEP2(g->b, et, buf_ptr(g, n->ga->buf), &aoff, 1, "");
 	LLVMValueRef bp =
 	    LLVMBuildGEP2(g->b, et, buf_ptr(g, n->gb->buf), &boff, 1, "");
+	LLVMValueRef zero = LLVMConstInt(g->i64, 0, 0);
 	LLVMValueRef cp =
-	    LLVMBuildGEP2(g->b, et, buf_ptr(g, n->buf), &coff, 1, "");
+	    epi ? LLVMBuildGEP2(g->b, et, scratch, &zero, 1, "")
+		: LLVMBuildGEP2(g->b, et, buf_ptr(g, n->buf), &coff, 1, "");
 	/* leading dimensions, at least what BLAS requires */
 	LLVMValueRef lda =
 	    LLVMBuildSelect(g->b, a_nt, imax(g, sam, imax(g, K, one)),
@@ -1954,6 +1969,29 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMBuildCondBr(g->b, ok, call, skip);
 	LLVMPositionBuilderAtEnd(g->b, call);
 	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
+	if (epi) {
+		/* the epilogue over rows [bi·M + m0, + rows) of its extent,
+		 * the product's buffer being the scratch less that offset */
+		const kernel_t *ek = g->k + 1;
+		char ename[48];
+		snprintf(ename, sizeof(ename), "%s_body", ek->name);
+		LLVMValueRef ef = LLVMGetNamedFunction(g->mod, ename);
+		LLVMTypeRef eft = LLVMGlobalGetValueType(ef);
+		LLVMValueRef row0 =
+		    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, M, ""), m0, "");
+		LLVMValueRef back =
+		    LLVMBuildNeg(g->b, LLVMBuildMul(g->b, row0, N, ""), "");
+		LLVMValueRef eargs[CG_MAX_ARGS + 3];
+		for (uint32_t i = 0; i < ek->n_args; i++)
+			eargs[i] =
+			    ek->args[i] == n->buf
+				? LLVMBuildGEP2(g->b, et, scratch, &back, 1, "")
+				: buf_ptr(g, ek->args[i]);
+		eargs[ek->n_args] = g->syms;
+		eargs[ek->n_args + 1] = row0;
+		eargs[ek->n_args + 2] = LLVMBuildAdd(g->b, row0, rows, "");
+		LLVMBuildCall2(g->b, eft, ef, eargs, ek->n_args + 3, "");
+	}
 	LLVMBuildBr(g->b, skip);
 	LLVMPositionBuilderAtEnd(g->b, skip);
 	/* next: the first block of the next batch (or the end) */
@@ -2268,9 +2306,18 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	if (k->is_gemm) {
 		const cnode_t *gn = &c->nodes[k->members[0].node];
 		g->n_args = 0;
-		add_arg(g, gn->buf);
+		if (!k->has_epilogue)
+			add_arg(g, gn->buf);
 		add_arg(g, gn->ga->buf);
 		add_arg(g, gn->gb->buf);
+		if (k->has_epilogue) {
+			/* the epilogue's buffers (generated before this
+			 * kernel), its product read from the scratch */
+			const kernel_t *ek = k + 1;
+			for (uint32_t i = 0; i < ek->n_args; i++)
+				if (ek->args[i] != gn->buf)
+					add_arg(g, ek->args[i]);
+		}
 		gemm_extent(c, k);
 	} else {
 		kernel_extent(c, k);
@@ -2300,6 +2347,11 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	for (uint32_t i = 0; i < g->n_args; i++)
 		LLVMAddAttributeAtIndex(
 		    bf, i + 1, LLVMCreateEnumAttribute(g->ctx, noalias, 0));
+	/* an epilogue's body stays a function of its own, called once per
+	 * block: inlined into the product's loop it cost 50% more O3 and
+	 * instruction selection time (a small addmm + gelu: 41 -> 61 ms) */
+	if (k->is_epilogue)
+		inl = LLVMGetEnumAttributeKindForName("noinline", 8);
 	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,
 				LLVMCreateEnumAttribute(g->ctx, inl, 0));
 	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,
@@ -2331,6 +2383,8 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	else
 		gen_kernel_body(g, begin, end);
 	LLVMBuildRetVoid(g->b);
+	if (k->is_epilogue)
+		return 0; /* called by its product's kernel alone */
 
 	/* the exported wrapper */
 	LLVMTypeRef wt[4] = {g->ptr, g->ptr, g->i64, g->i64};
@@ -2417,14 +2471,19 @@ int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
 	}
 	int rc = 0;
 	for (uint32_t i = 0; i < c->n_kernels && rc == 0; i++) {
-		if (c->kernels[i].is_fallback)
+		if (c->kernels[i].is_fallback || c->kernels[i].is_epilogue)
 			continue;
 		int p = 0;
 		for (int q = 1; q < n; q++)
 			if (size[q] < size[p])
 				p = q;
 		LLVMValueRef last = LLVMGetLastFunction(g[p].mod);
-		rc = gen_kernel(&g[p], &c->kernels[i]);
+		/* an epilogue first, in its product's module: the product
+		 * calls its body */
+		if (c->kernels[i].has_epilogue)
+			rc = gen_kernel(&g[p], &c->kernels[i + 1]);
+		if (rc == 0)
+			rc = gen_kernel(&g[p], &c->kernels[i]);
 		if (n > 1)
 			size[p] += funcs_size(g[p].mod, last);
 	}

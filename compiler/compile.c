@@ -573,6 +573,8 @@ static int build_artifact(cctx_t *c, cpu_target_t *t, lt_t **outs,
 	/* steps */
 	for (uint32_t ki = 0; rc == 0 && ki < c->n_kernels; ki++) {
 		kernel_t *k = &c->kernels[ki];
+		if (k->is_epilogue)
+			continue; /* run by the product kernel before it */
 		kiln_art_step_t *st = &a->steps[a->n_steps++];
 		if (k->is_fallback) {
 			const cnode_t *n = &c->nodes[k->members[0].node];
@@ -789,7 +791,7 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 	for (uint32_t i = 0; i < c.n_kernels; i++) {
 		if (c.kernels[i].is_fallback)
 			st->n_fallbacks++;
-		else
+		else if (!c.kernels[i].is_epilogue)
 			st->n_kernels++;
 	}
 	if (emit == KILN_EMIT_KERNELS || emit == KILN_EMIT_IR) {

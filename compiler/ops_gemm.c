@@ -6,7 +6,10 @@
  * a view: BLAS reads it as "transposed", no copy). The kernel it gets calls
  * a BLAS sgemm/dgemm on row blocks in parallel (codegen.c); addmm's
  * beta*bias + alpha*P, and whatever pointwise ops follow, fuse into the
- * next kernel as its prologue.
+ * next kernel, which becomes the product's epilogue when it reads the
+ * product element for element and alone (sched.c fuse_epilogues): the
+ * product kernel writes each 64-row block to a stack scratch and runs the
+ * epilogue on those rows there, so P never reaches memory.
  *
  * Without a BLAS library on the compiling machine, or for a dtype BLAS has
  * no routine for (f16, bf16, ints), the product is an unsupported variant:

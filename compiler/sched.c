@@ -422,6 +422,108 @@ static void mark_row_local(cctx_t *c)
 	}
 }
 
+/* Whether every load of buf in e reads element i of a kernel over sizes
+ * fs[0..f) at the row-major flat index of i (no guard, no extra offset). */
+struct idscan {
+	cctx_t *c;
+	uint32_t buf, frank;
+	int64_t stride[CIR_MAX_RANK];
+	bool ok;
+};
+
+static void check_identity(void *arg, const sx_t *ld)
+{
+	struct idscan *s = arg;
+	if (ld->buf != s->buf || !s->ok)
+		return;
+	if (ld->a != NULL || ld->b != NULL || ld->idx == NULL) {
+		s->ok = false;
+		return;
+	}
+	const kiln_expr_t *zero[CIR_MAX_VARS];
+	for (uint32_t v = 0; v < s->frank; v++) {
+		int64_t coef;
+		if (!ix_coef(ld->idx, v, &coef) || coef != s->stride[v]) {
+			s->ok = false;
+			return;
+		}
+		zero[v] = ix_const(s->c, 0);
+	}
+	const kiln_expr_t *at0 = ix_subst(s->c, ld->idx, zero, s->frank);
+	if (at0 == NULL || at0->kind != KILN_EX_CONST || at0->c != 0)
+		s->ok = false;
+}
+
+/* A pointwise kernel right after a BLAS product that reads the product
+ * element for element (row-major, the same rows: its extent is the
+ * product's rows, as PW_CHUNK lets a last dim of up to 8192 be one unit)
+ * and is the product's only reader becomes its epilogue: the product
+ * kernel writes each block of 64 rows to a scratch and runs this kernel on
+ * those rows at once, so the product never goes to memory (addmm's bias,
+ * an activation, a residual add). Static shapes, f32/f64, scratch <= 512
+ * KiB, no column blocks. */
+#define EPI_SCRATCH_MAX (512 * 1024)
+#define EPI_ROWS	64   /* GEMM_MB in codegen.c */
+#define EPI_MAX_LAST	8192 /* PW_CHUNK in codegen.c */
+
+static void fuse_epilogues(cctx_t *c)
+{
+	for (uint32_t ki = 0; ki + 1 < c->n_kernels; ki++) {
+		kernel_t *gk = &c->kernels[ki], *ek = &c->kernels[ki + 1];
+		if (!gk->is_gemm || ek->is_gemm || ek->is_fallback ||
+		    ek->is_row || ek->frank < 1 || ek->n_members == 0)
+			continue;
+		const cnode_t *n = &c->nodes[gk->members[0].node];
+		cbuf_t *pb = &c->bufs[n->buf];
+		if (n->conv != NULL || cg_gemm_col_block(c, n) > 0 ||
+		    pb->is_output || pb->custom_strides ||
+		    pb->last_use != (int32_t)(ki + 1) ||
+		    (pb->dtype != KILN_DT_F32 && pb->dtype != KILN_DT_F64))
+			continue;
+		bool stat = true;
+		int64_t prows = 1, ncols = 0, erows = 1;
+		for (uint32_t i = 0; i < pb->rank; i++) {
+			if (pb->sizes[i].e != NULL)
+				stat = false;
+			else if (i + 1 < pb->rank)
+				prows *= pb->sizes[i].c;
+			else
+				ncols = pb->sizes[i].c;
+		}
+		for (uint32_t i = 0; i < ek->frank; i++) {
+			if (ek->fsizes[i].e != NULL)
+				stat = false;
+			else if (i + 1 < ek->frank)
+				erows *= ek->fsizes[i].c;
+		}
+		if (!stat || ncols < 1 || ncols > EPI_MAX_LAST ||
+		    ek->fsizes[ek->frank - 1].c != ncols || erows != prows)
+			continue;
+		int64_t esz = pb->dtype == KILN_DT_F64 ? 8 : 4;
+		if (EPI_ROWS * ncols * esz > EPI_SCRATCH_MAX)
+			continue;
+		struct idscan s = {c, n->buf, ek->frank, {0}, true};
+		int64_t st = 1;
+		for (uint32_t i = ek->frank; i-- > 0;) {
+			s.stride[i] = st;
+			st *= ek->fsizes[i].c;
+		}
+		for (uint32_t i = 0; i < ek->n_members && s.ok; i++)
+			sx_each_load(ek->members[i].body, check_identity, &s);
+		if (!s.ok)
+			continue;
+		gk->has_epilogue = true;
+		ek->is_epilogue = true;
+		pb->tile_local = true;
+		pb->in_memory = false;
+		/* what the epilogue writes is written while the product runs */
+		for (uint32_t b = 0; b < c->n_bufs; b++)
+			if (c->bufs[b].kernel == (int32_t)(ki + 1))
+				c->bufs[b].kernel = (int32_t)ki;
+		ki++; /* the epilogue is not a product */
+	}
+}
+
 int sched_graph(cctx_t *c)
 {
 	for (uint32_t ni = 0; ni < c->n_nodes; ni++) {
@@ -509,6 +611,7 @@ int sched_graph(cctx_t *c)
 		if (c->bufs[b].is_output)
 			c->bufs[b].in_memory = true;
 	mark_row_local(c);
+	fuse_epilogues(c);
 	return 0;
 }
 
@@ -580,8 +683,11 @@ char *sched_report(cctx_t *c)
 	uint32_t nfused = 0;
 	for (uint32_t i = 0; i < c->n_nodes; i++)
 		nfused++;
-	sb_printf(&s, "%u kernels from %u graph nodes (%u compute nodes)\n",
-		  c->n_kernels, c->g->n_nodes, nfused);
+	uint32_t nk = 0;
+	for (uint32_t ki = 0; ki < c->n_kernels; ki++)
+		nk += !c->kernels[ki].is_epilogue;
+	sb_printf(&s, "%u kernels from %u graph nodes (%u compute nodes)\n", nk,
+		  c->g->n_nodes, nfused);
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
 		kernel_t *k = &c->kernels[ki];
 		if (k->is_fallback) {
@@ -640,6 +746,22 @@ char *sched_report(cctx_t *c)
 				  n->buf,
 				  c->bufs[n->buf].is_output ? " (output)" : "",
 				  n->node, c->g->nodes[n->node].op);
+			if (k->has_epilogue) {
+				const cbuf_t *pb = &c->bufs[n->buf];
+				int64_t cols = pb->sizes[pb->rank - 1].c;
+				sb_printf(
+				    &s,
+				    "    epilogue %s on each block of %d "
+				    "rows in a %lld KiB scratch (the "
+				    "product never reaches memory)\n",
+				    c->kernels[ki + 1].name, EPI_ROWS,
+				    (long long)((EPI_ROWS * cols *
+						     (pb->dtype == KILN_DT_F64
+							  ? 8
+							  : 4) +
+						 1023) /
+						1024));
+			}
 			continue;
 		}
 		sb_printf(&s, "%s: %s ", k->name,
@@ -648,6 +770,8 @@ char *sched_report(cctx_t *c)
 		if (k->is_row)
 			sb_printf(&s, ", %d pass%s", k->n_passes,
 				  k->n_passes == 1 ? "" : "es");
+		if (k->is_epilogue)
+			sb_printf(&s, ", run by %s", c->kernels[ki - 1].name);
 		sb_printf(&s, ", %u member%s\n", k->n_members,
 			  k->n_members == 1 ? "" : "s");
 		for (uint32_t i = 0; i < k->n_members; i++) {

@@ -404,6 +404,73 @@ static char *mm_report(kiln_compiler_t *kc, int64_t m, int64_t k, int64_t n)
 	return rep;
 }
 
+/* mm -> + bias -> gelu: the pointwise kernel becomes the product's
+ * epilogue (no plan step of its own); when the product is also a graph
+ * output it stays in memory and the epilogue a kernel of its own. Values:
+ * the mm/addmm/bmm *_epilogue op cases. */
+static char *epi_report(kiln_compiler_t *kc, bool product_out, uint32_t *nk)
+{
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 2);
+	spec2(&b, "f32", 200, 32);
+	spec2(&b, "f32", 32, 96);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.mm.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 2);
+	ref(&b, 0);
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", 200, 96);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.gelu.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 2);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", 200, 96);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, product_out ? 2 : 1);
+	ref(&b, 3);
+	if (product_out)
+		ref(&b, 2);
+	kiln_graph_t *g = graph_from_json_like("mm gelu", &b.sb);
+	char *rep;
+	*nk = n_kernels(kc, g, &rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	return rep;
+}
+
+Test(fusion, gemm_epilogue_runs_on_its_blocks)
+{
+	kiln_compiler_t *kc = new_compiler();
+	uint32_t nk;
+	char *rep = epi_report(kc, false, &nk);
+	cr_expect_eq(nk, 1, "%s", rep);
+	cr_expect(strstr(rep, "epilogue kiln_k1 on each block of 64 rows") !=
+		      NULL,
+		  "%s", rep);
+	cr_expect(strstr(rep, "run by kiln_k0") != NULL, "%s", rep);
+	free(rep);
+	rep = epi_report(kc, true, &nk);
+	cr_expect_eq(nk, 2, "%s", rep);
+	cr_expect(strstr(rep, "epilogue") == NULL, "%s", rep);
+	free(rep);
+	kiln_compiler_free(kc);
+}
+
 Test(fusion, few_row_blocks_split_columns)
 {
 	kiln_compiler_t *kc = new_compiler();

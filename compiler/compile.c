@@ -793,6 +793,8 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 			st->n_fallbacks++;
 		else if (!c.kernels[i].is_epilogue)
 			st->n_kernels++;
+		else
+			st->n_epilogues++;
 	}
 	if (emit == KILN_EMIT_KERNELS || emit == KILN_EMIT_IR) {
 		*text = emit == KILN_EMIT_IR ? sched_ir(&c) : sched_report(&c);

@@ -84,6 +84,7 @@ typedef struct kiln_compile_stats {
 	double lower_ms, sched_ms, codegen_ms, opt_ms, emit_ms, link_ms,
 	    total_ms;
 	uint32_t n_kernels, n_fallbacks;
+	uint32_t n_epilogues; /* kernels run by a product kernel (not steps) */
 } kiln_compile_stats_t;
 
 /*

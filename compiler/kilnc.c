@@ -542,13 +542,16 @@ int main(int argc, char **argv)
 			fprintf(out,
 				"compile: median %.1f ms over %d (lower %.1f, "
 				"sched %.1f, codegen %.1f, O3 %.1f, emit %.1f, "
-				"link %.1f); %u kernels, %u fallback steps; "
-				"%.2f ms per kernel\n",
+				"link %.1f); %u kernels (+%u epilogues), %u "
+				"fallback steps; %.2f ms per kernel\n",
 				times[reps / 2], reps, st.lower_ms, st.sched_ms,
 				st.codegen_ms, st.opt_ms, st.emit_ms,
-				st.link_ms, st.n_kernels, st.n_fallbacks,
-				st.n_kernels ? times[reps / 2] / st.n_kernels
-					     : 0.0);
+				st.link_ms, st.n_kernels, st.n_epilogues,
+				st.n_fallbacks,
+				st.n_kernels + st.n_epilogues
+				    ? times[reps / 2] /
+					  (st.n_kernels + st.n_epilogues)
+				    : 0.0);
 		}
 		if (rc == 0 && runio != NULL) {
 			status = run_and_compare(a, g, runio, bench, out);

@@ -96,7 +96,10 @@ def kiln_compile_ms(graph):
                        capture_output=True, text=True, check=True)
     line = [l for l in r.stdout.splitlines() if l.startswith("compile:")][0]
     ms = float(line.split("median ")[1].split(" ms")[0])
+    # kernels compiled: plan kernels and the epilogues their products run
     kernels = int(line.split("); ")[1].split(" kernels")[0])
+    if "epilogues)" in line:
+        kernels += int(line.split("(+")[1].split(" epilogues")[0])
     per_kernel = float(line.split("; ")[-1].split(" ms per kernel")[0])
     return ms, kernels, per_kernel
 

@@ -216,6 +216,10 @@ typedef struct kernel {
 
 typedef struct cctx {
 	kiln_arena_t *arena;
+	/* max-autotune: per graph node, the template variant (-1: the
+	 * heuristic) and why (compiler/internal_tune.h), or NULL */
+	const int8_t *tune;
+	char (*tune_why)[160];
 	const kiln_graph_t *g;
 	const kiln_target_t *target;
 	char *err;

@@ -1784,7 +1784,6 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 	const lt_t *a = n->ga, *b = n->gb;
 	uint32_t r = a->rank;
 	kiln_dim_t M = a->sizes[r - 2], N = b->sizes[r - 1];
-	(void)c;
 	if (n->conv != NULL || M.e != NULL || N.e != NULL)
 		return 0;
 	int64_t batch = 1;
@@ -1793,10 +1792,24 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 			return 0;
 		batch = a->sizes[0].c;
 	}
+	/* max-autotune's choice for a product node (autotune.c; variant 0:
+	 * row blocks alone, 1: row and column blocks), else the rule */
+	int forced = -1;
+	if (c->tune != NULL && n->node >= 0) {
+		const char *op = c->g->nodes[n->node].op;
+		if (strcmp(op, "aten.mm.default") == 0 ||
+		    strcmp(op, "aten.bmm.default") == 0 ||
+		    strcmp(op, "aten.addmm.default") == 0 ||
+		    strcmp(op, "aten.baddbmm.default") == 0)
+			forced = c->tune[n->node];
+	}
 	int64_t units = (M.c + GEMM_MB - 1) / GEMM_MB * (batch > 0 ? batch : 1);
-	if (units >= GEMM_UNITS || N.c < 2 * GEMM_NB_MIN)
+	if (forced == 0 || N.c < 2 * GEMM_NB_MIN ||
+	    (units >= GEMM_UNITS && forced != 1))
 		return 0;
 	int64_t nnb = (GEMM_UNITS + units - 1) / units;
+	if (nnb < 2)
+		nnb = 2;
 	if (nnb > N.c / GEMM_NB_MIN)
 		nnb = N.c / GEMM_NB_MIN;
 	if (nnb <= 1)

@@ -22,12 +22,14 @@
 #include <string.h>
 
 #include "build_id.h"
+#include "compiler/internal_tune.h"
 
 struct kiln_compiler {
 	cpu_target_t cpu;
 	int threads; /* a compile's threads (compile_threads) */
 	char fingerprint[160];
-	char blas[256]; /* "" when no BLAS library is loadable */
+	char blas[256];		 /* "" when no BLAS library is loadable */
+	kiln_tune_cache_t *tune; /* max-autotune's decisions (autotune.c) */
 };
 
 /* The BLAS library kernels call for matrix products: KILN_BLAS (a path or
@@ -92,6 +94,12 @@ int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 		return rc;
 	}
 	probe_blas(c);
+	c->tune = kiln__tune_cache_new();
+	if (c->tune == NULL) {
+		cpu_target_free(&c->cpu);
+		free(c);
+		return -ENOMEM;
+	}
 	unsigned maj, min, pat;
 	LLVMGetVersion(&maj, &min, &pat);
 	snprintf(c->fingerprint, sizeof(c->fingerprint),
@@ -108,6 +116,7 @@ void kiln_compiler_free(kiln_compiler_t *c)
 	if (c == NULL)
 		return;
 	cpu_target_free(&c->cpu);
+	kiln__tune_cache_free(c->tune);
 	free(c);
 }
 
@@ -766,7 +775,27 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 		    char **text, int emit, kiln_compile_stats_t *st, char *err,
 		    size_t errlen)
 {
-	(void)opts;
+	if (opts == NULL || strcmp(opts->mode, "max-autotune") != 0 ||
+	    g->n_nodes == 0)
+		return kiln__compile_tuned(kc, g, NULL, NULL, out, text, emit,
+					   st, err, errlen);
+	int8_t *tune = malloc(g->n_nodes);
+	char(*why)[KILN_TUNE_WHY] = malloc(g->n_nodes * sizeof(*why));
+	int rc =
+	    tune && why ? kiln__autotune(kc, kc->tune, g, tune, why) : -ENOMEM;
+	if (rc == 0)
+		rc = kiln__compile_tuned(kc, g, tune, why, out, text, emit, st,
+					 err, errlen);
+	free(tune);
+	free(why);
+	return rc;
+}
+
+int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
+			const int8_t *tune, char (*why)[KILN_TUNE_WHY],
+			kiln_artifact_t **out, char **text, int emit,
+			kiln_compile_stats_t *st, char *err, size_t errlen)
+{
 	if (out)
 		*out = NULL;
 	if (text)
@@ -778,6 +807,8 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 	double t0 = kiln__now_ms();
 	cctx_t c;
 	cctx_init(&c, kc, g, err, errlen);
+	c.tune = tune;
+	c.tune_why = why;
 	c.arena = kiln_arena_new(1 << 16);
 	if (c.arena == NULL)
 		return -ENOMEM;

@@ -246,6 +246,19 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	return *out ? 0 : -ENOMEM;
 }
 
+/* Whether a groups == 1 convolution takes the tiled template: the
+ * max-autotune choice for the node (variant 0: tiled, 1: whole-image
+ * im2col; autotune.c), else the recorded heuristic above. */
+static bool conv_use_tiled(cctx_t *c, const lnode_t *n, int64_t CKK, int64_t OH,
+			   int64_t OW, int64_t N, kiln_dtype_t acc)
+{
+	if (c->tune != NULL && c->tune[n->index] >= 0)
+		return c->tune[n->index] == 0;
+	int64_t rows = conv_tile_rows(CKK, OH, OW, acc);
+	return rows * OW >= CONV_TILE_MIN_COLS &&
+	       N * ((OH + rows - 1) / rows) >= CONV_TILE_MIN_UNITS;
+}
+
 /* y[N, O, OH, OW] = a[N, O, K] @ b[N, K, OH·OW] (a batched product). */
 static int gemm_nchw(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t acc, int64_t N,
 		     int64_t O, int64_t OH, int64_t OW, lt_t **y)
@@ -329,7 +342,8 @@ int low_convolution(cctx_t *c, lnode_t *n)
 			  &y);
 		if (rc != 0)
 			return rc;
-	} else if (G == 1 && N > 1 && OH * OW < CONV_BATCH_COLS_P) {
+	} else if (G == 1 && N > 1 && OH * OW < CONV_BATCH_COLS_P &&
+		   !(c->tune != NULL && c->tune[n->index] == 0)) {
 		/* small images: the batch goes into the columns, col[(c, kh,
 		 * kw), (n, oh, ow)], and one product W[O, CKK] @ col gives
 		 * [O, N, OH, OW], read back as [N, O, OH, OW] through a view
@@ -399,12 +413,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		rc = gemm_nchw(n, w3, b3, acc, N, O, OH, OW, &y);
 		if (rc != 0)
 			return rc;
-	} else if (G == 1 &&
-		   conv_tile_rows(CKK, OH, OW, acc) * OW >=
-		       CONV_TILE_MIN_COLS &&
-		   N * ((OH + conv_tile_rows(CKK, OH, OW, acc) - 1) /
-			conv_tile_rows(CKK, OH, OW, acc)) >=
-		       CONV_TILE_MIN_UNITS) {
+	} else if (G == 1 && conv_use_tiled(c, n, CKK, OH, OW, N, acc)) {
 		const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
 		rc = conv_tiled(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)

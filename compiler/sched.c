@@ -677,6 +677,12 @@ static const char *const role_names[] = {"full", "reduce", "row"};
 static const char *const red_names[] = {
     "", "sum", "prod", "max", "min", "argmax", "argmin", "any", "all"};
 
+static void report_tune(cctx_t *c, sbuf_t *s, int32_t node)
+{
+	if (c->tune_why != NULL && node >= 0 && c->tune_why[node][0] != '\0')
+		sb_printf(s, "    %s\n", c->tune_why[node]);
+}
+
 char *sched_report(cctx_t *c)
 {
 	sbuf_t s = {NULL, 0, 0};
@@ -719,6 +725,7 @@ char *sched_report(cctx_t *c)
 			sb_printf(&s, ", buf%u%s  <- node %d %s\n", n->buf,
 				  c->bufs[n->buf].is_output ? " (output)" : "",
 				  n->node, c->g->nodes[n->node].op);
+			report_tune(c, &s, n->node);
 			continue;
 		}
 		if (k->is_gemm) {
@@ -762,6 +769,7 @@ char *sched_report(cctx_t *c)
 						 1023) /
 						1024));
 			}
+			report_tune(c, &s, n->node);
 			continue;
 		}
 		sb_printf(&s, "%s: %s ", k->name,

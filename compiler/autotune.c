@@ -1,0 +1,420 @@
+/*
+ * autotune.c — mode "max-autotune": the template of each matrix product
+ * and convolution chosen by measurement on this machine.
+ *
+ * For every node that has a choice (a convolution: tiled im2col template
+ * or whole-image im2col + product; mm, bmm, addmm, baddbmm: row blocks
+ * alone or row and column blocks), the node alone becomes a graph of one
+ * node (its tensor arguments the inputs, static shapes only). That graph
+ * is compiled once per variant; when the variants give the same kernels
+ * there is nothing to choose. Otherwise both are loaded and run on the
+ * same deterministic data, interleaved (A B A B ..., so that the rest of
+ * the machine slows both alike): a warm-up of at least 100 ms, then rounds
+ * until 60 ms or 20 rounds (at least 3); the fastest run of each decides,
+ * and that variant is the node's in the real compile (--emit=kernels
+ * prints both times). Choices are remembered per compiler by the one-node
+ * graph's bytes, so a shape that repeats (ResNet's blocks) is measured
+ * once per process. Without max-autotune the recorded heuristics of
+ * ops_conv.c and codegen.c choose (their comments give the measurements).
+ */
+#include "clients/libkiln/kiln.h"
+#include "compiler/compiler.h"
+#include "compiler/internal_tune.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TUNE_CACHE 256
+
+typedef struct tune_entry {
+	uint8_t *key; /* the packed one-node graph */
+	size_t len;
+	int8_t variant;
+	char why[KILN_TUNE_WHY];
+} tune_entry_t;
+
+struct kiln_tune_cache {
+	pthread_mutex_t mu;
+	tune_entry_t e[TUNE_CACHE];
+	uint32_t next;
+};
+
+kiln_tune_cache_t *kiln__tune_cache_new(void)
+{
+	kiln_tune_cache_t *t = calloc(1, sizeof(*t));
+	if (t != NULL)
+		pthread_mutex_init(&t->mu, NULL);
+	return t;
+}
+
+void kiln__tune_cache_free(kiln_tune_cache_t *t)
+{
+	if (t == NULL)
+		return;
+	for (uint32_t i = 0; i < TUNE_CACHE; i++)
+		free(t->e[i].key);
+	pthread_mutex_destroy(&t->mu);
+	free(t);
+}
+
+static bool cache_get(kiln_tune_cache_t *t, const void *key, size_t len,
+		      int8_t *variant, char *why)
+{
+	bool hit = false;
+	pthread_mutex_lock(&t->mu);
+	for (uint32_t i = 0; i < TUNE_CACHE && !hit; i++)
+		if (t->e[i].key != NULL && t->e[i].len == len &&
+		    memcmp(t->e[i].key, key, len) == 0) {
+			*variant = t->e[i].variant;
+			memcpy(why, t->e[i].why, KILN_TUNE_WHY);
+			hit = true;
+		}
+	pthread_mutex_unlock(&t->mu);
+	return hit;
+}
+
+static void cache_put(kiln_tune_cache_t *t, const void *key, size_t len,
+		      int8_t variant, const char *why)
+{
+	uint8_t *k = malloc(len ? len : 1);
+	if (k == NULL)
+		return;
+	memcpy(k, key, len);
+	pthread_mutex_lock(&t->mu);
+	tune_entry_t *e = &t->e[t->next++ % TUNE_CACHE];
+	free(e->key);
+	e->key = k;
+	e->len = len;
+	e->variant = variant;
+	snprintf(e->why, sizeof(e->why), "%s", why);
+	pthread_mutex_unlock(&t->mu);
+}
+
+static bool tunable_op(const char *op)
+{
+	static const char *const ops[] = {
+	    "aten.convolution.default", "aten.mm.default", "aten.bmm.default",
+	    "aten.addmm.default", "aten.baddbmm.default"};
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		if (strcmp(op, ops[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Copies an argument, value numbers through map (UINT32_MAX: not a
+ * tensor input of the one-node graph); false for a symbolic argument. */
+static bool copy_arg(kiln_arena_t *ar, const kiln_arg_t *in, kiln_arg_t *out,
+		     const uint32_t *map, uint32_t n_map)
+{
+	*out = *in;
+	switch (in->kind) {
+	case KILN_ARG_SYM: return false;
+	case KILN_ARG_REF:
+		if (in->u.ref >= n_map || map[in->u.ref] == UINT32_MAX)
+			return false;
+		out->u.ref = map[in->u.ref];
+		return true;
+	case KILN_ARG_LIST:
+		out->u.list =
+		    kiln_arena_calloc(ar, in->n + 1, sizeof(kiln_arg_t));
+		if (out->u.list == NULL)
+			return false;
+		for (uint32_t i = 0; i < in->n; i++)
+			if (!copy_arg(ar, &in->u.list[i], &out->u.list[i], map,
+				      n_map))
+				return false;
+		return true;
+	default: return true;
+	}
+}
+
+/* Marks the tensor values an argument refers to. */
+static void note_refs(const kiln_arg_t *a, bool *used, uint32_t n)
+{
+	if (a->kind == KILN_ARG_REF && a->u.ref < n)
+		used[a->u.ref] = true;
+	else if (a->kind == KILN_ARG_LIST)
+		for (uint32_t i = 0; i < a->n; i++)
+			note_refs(&a->u.list[i], used, n);
+}
+
+static bool static_value(const kiln_value_t *v)
+{
+	if (v->kind != KILN_VAL_TENSOR)
+		return false;
+	for (uint32_t k = 0; k < v->rank; k++)
+		if (v->sizes[k].e != NULL || v->strides[k].e != NULL)
+			return false;
+	return true;
+}
+
+/* Node ni of g alone, packed as a Graph v1 (sb); false when it cannot be
+ * (a symbolic size, a non-tensor input). */
+static bool one_node_graph(const kiln_graph_t *g, uint32_t ni,
+			   msgpack_sbuffer *sb)
+{
+	const kiln_node_t *nd = &g->nodes[ni];
+	kiln_arena_t *ar = kiln_arena_new(4096);
+	bool *used = calloc(g->n_values + 1, sizeof(bool));
+	uint32_t *map = malloc((g->n_values + 1) * sizeof(uint32_t));
+	bool ok = ar != NULL && used != NULL && map != NULL;
+	kiln_graph_t sg;
+	memset(&sg, 0, sizeof(sg));
+	if (ok) {
+		for (uint32_t i = 0; i < nd->n_args; i++)
+			note_refs(&nd->args[i], used, g->n_values);
+		for (uint32_t i = 0; i < nd->n_kwargs; i++)
+			note_refs(&nd->kwargs[i].val, used, g->n_values);
+		for (uint32_t v = 0; v < g->n_values; v++)
+			map[v] = UINT32_MAX;
+		uint32_t nin = 0;
+		for (uint32_t v = 0; v < g->n_values && ok; v++)
+			if (used[v]) {
+				ok = static_value(&g->values[v]);
+				map[v] = nin++;
+			}
+		for (uint32_t o = 0; o < nd->n_out && ok; o++)
+			ok = static_value(&g->values[nd->out_first + o]);
+		sg.n_inputs = nin;
+		sg.n_nodes = 1;
+		sg.n_values = nin + nd->n_out;
+		sg.n_outputs = nd->n_out;
+		sg.values = kiln_arena_calloc(ar, sg.n_values + 1,
+					      sizeof(kiln_value_t));
+		sg.nodes = kiln_arena_calloc(ar, 1, sizeof(kiln_node_t));
+		sg.outputs =
+		    kiln_arena_calloc(ar, nd->n_out + 1, sizeof(kiln_arg_t));
+		ok = ok && sg.values && sg.nodes && sg.outputs;
+		for (uint32_t v = 0; v < g->n_values && ok; v++)
+			if (map[v] != UINT32_MAX) {
+				sg.values[map[v]] = g->values[v];
+				sg.values[map[v]].producer = -1;
+			}
+		for (uint32_t o = 0; o < nd->n_out && ok; o++) {
+			sg.values[nin + o] = g->values[nd->out_first + o];
+			sg.values[nin + o].producer = 0;
+			sg.outputs[o].kind = KILN_ARG_REF;
+			sg.outputs[o].u.ref = nin + o;
+		}
+		kiln_node_t *sn = sg.nodes;
+		if (ok) {
+			*sn = *nd;
+			sn->out_first = nin;
+			sn->args = kiln_arena_calloc(ar, nd->n_args + 1,
+						     sizeof(kiln_arg_t));
+			sn->kwargs = kiln_arena_calloc(ar, nd->n_kwargs + 1,
+						       sizeof(kiln_kwarg_t));
+			ok = sn->args && sn->kwargs;
+		}
+		for (uint32_t i = 0; i < nd->n_args && ok; i++)
+			ok = copy_arg(ar, &nd->args[i], &sn->args[i], map,
+				      g->n_values);
+		for (uint32_t i = 0; i < nd->n_kwargs && ok; i++) {
+			sn->kwargs[i].key = nd->kwargs[i].key;
+			ok = copy_arg(ar, &nd->kwargs[i].val,
+				      &sn->kwargs[i].val, map, g->n_values);
+		}
+	}
+	if (ok) {
+		msgpack_packer pk;
+		msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+		ok = kiln_graph_pack(&sg, &pk) == 0;
+	}
+	free(used);
+	free(map);
+	kiln_arena_free(ar);
+	return ok;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Deterministic inputs for g (uniform in [-0.5, 0.5)); false on OOM. */
+static bool make_inputs(const kiln_graph_t *g, kiln_io_t *in)
+{
+	uint64_t seed = 0x9e3779b97f4a7c15u;
+	for (uint32_t i = 0; i < g->n_inputs; i++) {
+		const kiln_value_t *v = &g->values[i];
+		kiln_tensor_t *t = &in[i].t;
+		in[i].kind = KILN_IO_TENSOR;
+		t->dtype = v->dtype;
+		t->rank = v->rank;
+		int64_t count = 1, st = 1;
+		for (uint32_t k = v->rank; k-- > 0;) {
+			t->sizes[k] = v->sizes[k].c;
+			t->strides[k] = st;
+			st *= v->sizes[k].c;
+			count *= v->sizes[k].c;
+		}
+		size_t esz = kiln_dtype_size(v->dtype);
+		t->data = calloc((size_t)(count > 0 ? count : 1), esz);
+		if (t->data == NULL)
+			return false;
+		for (int64_t e = 0; e < count; e++) {
+			seed =
+			    seed * 6364136223846793005u + 1442695040888963407u;
+			double x =
+			    (double)(seed >> 40) / (double)(1u << 24) - 0.5;
+			if (v->dtype == KILN_DT_F32)
+				((float *)t->data)[e] = (float)x;
+			else if (v->dtype == KILN_DT_F64)
+				((double *)t->data)[e] = x;
+		}
+	}
+	return true;
+}
+
+/* Times the two variants' artifacts (consumed) on the same inputs, runs
+ * interleaved (A B A B ..., so that whatever else the machine does slows
+ * both alike): a warm-up, then rounds until 60 ms or 20 rounds (at least
+ * 3); ms[v] is variant v's fastest run (the least disturbed), < 0 when it
+ * failed. */
+static void time_pair(kiln_artifact_t *a[2], const kiln_graph_t *g,
+		      double ms[2])
+{
+	kiln_module_t *m[2] = {NULL, NULL};
+	char err[256];
+	ms[0] = ms[1] = -1;
+	bool ok = true;
+	for (int v = 0; v < 2; v++) {
+		if (kiln_module_from_artifact(a[v], &m[v], err, sizeof(err)) !=
+		    0)
+			ok = false;
+		a[v] = NULL; /* the module owns it, or it was freed */
+	}
+	kiln_io_t *in = calloc(g->n_inputs + 1, sizeof(*in));
+	void **ob[2] = {calloc(g->n_outputs + 1, sizeof(void *)),
+			calloc(g->n_outputs + 1, sizeof(void *))};
+	kiln_io_t *out = calloc(g->n_outputs + 1, sizeof(*out));
+	ok = ok && in && ob[0] && ob[1] && out && make_inputs(g, in);
+	double ts[2][20];
+	int n = 0;
+	/* warm-up: at least 2 runs each and 100 ms (a BLAS library loaded
+	 * by the first run keeps a thread spinning on the other core for a
+	 * while: timed at once, the parallel variant measured 1.5-2x slow in
+	 * one process of four) */
+	double t_w = now_ms();
+	for (int w = 0; ok && (w < 2 || now_ms() - t_w < 100.0) && w < 200; w++)
+		for (int v = 0; v < 2 && ok; v++)
+			ok = kiln_module_run(m[v], in, g->n_inputs, ob[v], out,
+					     NULL, err, sizeof(err)) == 0;
+	double spent = 0;
+	while (ok && n < 20 && (n < 3 || spent < 60.0)) {
+		for (int v = 0; v < 2 && ok; v++) {
+			double t0 = now_ms();
+			ok = kiln_module_run(m[v], in, g->n_inputs, ob[v], out,
+					     NULL, err, sizeof(err)) == 0;
+			ts[v][n] = now_ms() - t0;
+			spent += ts[v][n];
+		}
+		n++;
+	}
+	for (int v = 0; ok && v < 2; v++) {
+		qsort(ts[v], (size_t)n, sizeof(double), cmp_d);
+		ms[v] = ts[v][0];
+	}
+	for (uint32_t i = 0; in && i < g->n_inputs; i++)
+		free(in[i].t.data);
+	for (int v = 0; v < 2; v++) {
+		for (uint32_t i = 0; ob[v] && i < g->n_outputs; i++)
+			free(ob[v][i]);
+		free(ob[v]);
+		kiln_module_free(m[v]);
+	}
+	free(in);
+	free(out);
+}
+
+static const char *variant_name(const char *op, int v)
+{
+	if (strcmp(op, "aten.convolution.default") == 0)
+		return v == 0 ? "tiled im2col" : "whole-image im2col";
+	return v == 0 ? "row blocks" : "row and column blocks";
+}
+
+int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
+		   const kiln_graph_t *g, int8_t *tune,
+		   char (*why)[KILN_TUNE_WHY])
+{
+	for (uint32_t ni = 0; ni < g->n_nodes; ni++) {
+		tune[ni] = -1;
+		why[ni][0] = '\0';
+		if (!tunable_op(g->nodes[ni].op))
+			continue;
+		msgpack_sbuffer sb;
+		msgpack_sbuffer_init(&sb);
+		kiln_graph_t *sg = NULL;
+		char err[256];
+		if (!one_node_graph(g, ni, &sb) ||
+		    kiln_graph_decode((const uint8_t *)sb.data, sb.size, NULL,
+				      &sg, err, sizeof(err)) != 0) {
+			msgpack_sbuffer_destroy(&sb);
+			continue;
+		}
+		if (cache_get(cache, sb.data, sb.size, &tune[ni], why[ni])) {
+			msgpack_sbuffer_destroy(&sb);
+			kiln_graph_free(sg);
+			continue;
+		}
+		/* the variants' kernels: the same text, nothing to choose */
+		char *text[2] = {NULL, NULL};
+		bool differ = true;
+		for (int v = 0; v < 2 && differ; v++) {
+			int8_t t1 = (int8_t)v;
+			if (kiln__compile_tuned(kc, sg, &t1, NULL, NULL,
+						&text[v], KILN_EMIT_KERNELS,
+						NULL, err, sizeof(err)) != 0)
+				differ = false;
+		}
+		if (differ)
+			differ = strcmp(text[0], text[1]) != 0;
+		free(text[0]);
+		free(text[1]);
+		int8_t best = -1;
+		char w[KILN_TUNE_WHY] = "";
+		if (differ) {
+			double ms[2] = {-1, -1};
+			kiln_artifact_t *a[2] = {NULL, NULL};
+			bool built = true;
+			for (int v = 0; v < 2 && built; v++) {
+				int8_t t1 = (int8_t)v;
+				built = kiln__compile_tuned(
+					    kc, sg, &t1, NULL, &a[v], NULL,
+					    KILN_EMIT_ARTIFACT, NULL, err,
+					    sizeof(err)) == 0;
+			}
+			if (built)
+				time_pair(a, sg, ms);
+			kiln_artifact_free(a[0]);
+			kiln_artifact_free(a[1]);
+			if (ms[0] >= 0 && ms[1] >= 0) {
+				best = ms[1] < ms[0] ? 1 : 0;
+				snprintf(
+				    w, sizeof(w),
+				    "chosen by measurement (max-autotune): "
+				    "%s %.3f ms, %s %.3f ms",
+				    variant_name(g->nodes[ni].op, 0), ms[0],
+				    variant_name(g->nodes[ni].op, 1), ms[1]);
+			}
+		}
+		cache_put(cache, sb.data, sb.size, best, w);
+		tune[ni] = best;
+		memcpy(why[ni], w, KILN_TUNE_WHY);
+		msgpack_sbuffer_destroy(&sb);
+		kiln_graph_free(sg);
+	}
+	return 0;
+}

@@ -1,0 +1,32 @@
+/*
+ * internal_tune.h — max-autotune (autotune.c) and the compile entry it
+ * drives (compile.c). Not installed.
+ */
+#ifndef KILN_INTERNAL_TUNE_H
+#define KILN_INTERNAL_TUNE_H
+
+#include "compiler/compiler.h"
+
+#include <stdint.h>
+
+#define KILN_TUNE_WHY 160 /* a decision's text, as --emit=kernels shows it */
+
+typedef struct kiln_tune_cache kiln_tune_cache_t;
+
+kiln_tune_cache_t *kiln__tune_cache_new(void);
+void kiln__tune_cache_free(kiln_tune_cache_t *t);
+
+/* Chooses, per node of g, a template variant by measurement: tune[i] is -1
+ * (no choice: the heuristic) or the variant, why[i] the text. */
+int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
+		   const kiln_graph_t *g, int8_t *tune,
+		   char (*why)[KILN_TUNE_WHY]);
+
+/* kiln_compile_ex with each node's variant forced (tune[i] >= 0) and its
+ * reason shown in the kernel report (why, may be NULL). */
+int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
+			const int8_t *tune, char (*why)[KILN_TUNE_WHY],
+			kiln_artifact_t **out, char **text, int emit,
+			kiln_compile_stats_t *st, char *err, size_t errlen);
+
+#endif

@@ -93,6 +93,41 @@ static void cache_put(kiln_tune_cache_t *t, const void *key, size_t len,
 	pthread_mutex_unlock(&t->mu);
 }
 
+static void note_refs(const kiln_arg_t *a, bool *used, uint32_t n);
+
+/* Whether node ni's result is read by exactly one other node and is not
+ * a graph output: that node may become the product's epilogue
+ * (sched.c fuse_epilogues), which column blocks rule out and which a
+ * one-node timing cannot see, so such a product keeps the heuristic. */
+static bool single_reader(const kiln_graph_t *g, uint32_t ni)
+{
+	const kiln_node_t *nd = &g->nodes[ni];
+	uint32_t lo = nd->out_first, hi = nd->out_first + nd->n_out;
+	for (uint32_t o = 0; o < g->n_outputs; o++)
+		if (g->outputs[o].kind == KILN_ARG_REF &&
+		    g->outputs[o].u.ref >= lo && g->outputs[o].u.ref < hi)
+			return false;
+	uint32_t readers = 0;
+	for (uint32_t j = 0; j < g->n_nodes; j++) {
+		if (j == ni)
+			continue;
+		bool *seen = calloc(g->n_values + 1, sizeof(bool));
+		if (seen == NULL)
+			return false;
+		for (uint32_t a = 0; a < g->nodes[j].n_args; a++)
+			note_refs(&g->nodes[j].args[a], seen, g->n_values);
+		for (uint32_t a = 0; a < g->nodes[j].n_kwargs; a++)
+			note_refs(&g->nodes[j].kwargs[a].val, seen,
+				  g->n_values);
+		bool reads = false;
+		for (uint32_t v = lo; v < hi && !reads; v++)
+			reads = seen[v];
+		free(seen);
+		readers += reads;
+	}
+	return readers == 1;
+}
+
 static bool tunable_op(const char *op)
 {
 	static const char *const ops[] = {
@@ -252,13 +287,20 @@ static bool make_inputs(const kiln_graph_t *g, kiln_io_t *in)
 		in[i].kind = KILN_IO_TENSOR;
 		t->dtype = v->dtype;
 		t->rank = v->rank;
-		int64_t count = 1, st = 1;
-		for (uint32_t k = v->rank; k-- > 0;) {
+		/* the declared strides (a transposed weight of nn.Linear is a
+		 * view): the elements of its span */
+		int64_t count = 1;
+		bool empty = false;
+		for (uint32_t k = 0; k < v->rank; k++) {
 			t->sizes[k] = v->sizes[k].c;
-			t->strides[k] = st;
-			st *= v->sizes[k].c;
-			count *= v->sizes[k].c;
+			t->strides[k] = v->strides[k].c;
+			if (v->sizes[k].c == 0)
+				empty = true;
+			else if (v->strides[k].c > 0)
+				count += (v->sizes[k].c - 1) * v->strides[k].c;
 		}
+		if (empty)
+			count = 0;
 		size_t esz = kiln_dtype_size(v->dtype);
 		t->data = calloc((size_t)(count > 0 ? count : 1), esz);
 		if (t->data == NULL)
@@ -353,6 +395,9 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 		tune[ni] = -1;
 		why[ni][0] = '\0';
 		if (!tunable_op(g->nodes[ni].op))
+			continue;
+		if (strcmp(g->nodes[ni].op, "aten.convolution.default") != 0 &&
+		    single_reader(g, ni))
 			continue;
 		msgpack_sbuffer sb;
 		msgpack_sbuffer_init(&sb);

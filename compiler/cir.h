@@ -117,8 +117,6 @@ typedef struct cbuf {
 	bool row_local;	     /* lives in a per-row scratch of its kernel */
 	bool custom_strides; /* an output laid out as declared, not row-major */
 	bool is_output;	     /* backs a graph output: an OUTPUT buffer */
-	bool tile_local;     /* a product fused with its epilogue: lives in
-				that kernel's scratch, never in memory */
 	int32_t out_index;   /* OUTPUT buffer number */
 	int32_t art_buf;     /* artifact buffer id */
 	uint32_t n_readers;  /* cnodes loading it */

@@ -1804,7 +1804,7 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 			forced = c->tune[n->node];
 	}
 	int64_t units = (M.c + GEMM_MB - 1) / GEMM_MB * (batch > 0 ? batch : 1);
-	if (forced == 0 || N.c < 2 * GEMM_NB_MIN ||
+	if (units <= 0 || forced == 0 || N.c < 2 * GEMM_NB_MIN ||
 	    (units >= GEMM_UNITS && forced != 1))
 		return 0;
 	int64_t nnb = (GEMM_UNITS + units - 1) / units;
@@ -2034,10 +2034,14 @@ static int64_t conv_tiles(const convspec_t *cs)
 
 /* One unit u = (image, tile of `rows` output rows). The tile's columns,
  * col[ckk, r·OW + ow] for ckk = (c, kh, kw), go to a stack scratch of
- * [C·KH·KW, rows·OW] elements: per (ckk, output row) a run of zeros where
- * the tap falls in the padding, a copy (memcpy at stride 1 over a
- * unit-stride row) or a strided gather, and zeros again; then one ?gemm
- * out[n, m0:m1, tile] = W[m0:m1, :] @ col with ldc = OH·OW. */
+ * [C·KH·KW, rows·OW] elements (at most CONV_TILE_BYTES: ops_conv.c only
+ * takes this template when one output row's columns fit): per (ckk,
+ * output row), at stride 1 over a unit-stride row, whole vectors of masked
+ * loads (0 where the tap falls in the padding; the vector past the row's
+ * end lands on the next row's start, written after it, or on the
+ * scratch's one vector of slack); otherwise zeros, a strided gather and
+ * zeros again; then one ?gemm out[n, :, tile] = W @ col with
+ * ldc = OH·OW. */
 static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 {
 	cctx_t *c = g->c;

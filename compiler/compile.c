@@ -410,6 +410,10 @@ int memplan(cctx_t *c, kiln_artifact_t *a)
 		for (uint32_t cb = 0; cb < c->n_bufs; cb++)
 			if (c->bufs[cb].art_buf == (int32_t)i) {
 				from = c->bufs[cb].kernel;
+				/* an epilogue runs inside the product before
+				 * it (sched.c fuse_epilogues) */
+				if (from > 0 && c->kernels[from].is_epilogue)
+					from--;
 				to = c->bufs[cb].last_use > from
 					 ? c->bufs[cb].last_use
 					 : from;
@@ -779,10 +783,15 @@ int kiln_compile_ex(kiln_compiler_t *kc, const kiln_graph_t *g,
 	    g->n_nodes == 0)
 		return kiln__compile_tuned(kc, g, NULL, NULL, out, text, emit,
 					   st, err, errlen);
+	if (out)
+		*out = NULL;
+	if (text)
+		*text = NULL;
 	int8_t *tune = malloc(g->n_nodes);
 	char(*why)[KILN_TUNE_WHY] = malloc(g->n_nodes * sizeof(*why));
-	int rc =
-	    tune && why ? kiln__autotune(kc, kc->tune, g, tune, why) : -ENOMEM;
+	int rc = tune && why ? kiln__autotune(kc, kc->tune, g, tune, why)
+			     : kiln__errf(err, errlen, -ENOMEM,
+					  "max-autotune: out of memory");
 	if (rc == 0)
 		rc = kiln__compile_tuned(kc, g, tune, why, out, text, emit, st,
 					 err, errlen);

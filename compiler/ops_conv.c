@@ -252,6 +252,11 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 static bool conv_use_tiled(cctx_t *c, const lnode_t *n, int64_t CKK, int64_t OH,
 			   int64_t OW, int64_t N, kiln_dtype_t acc)
 {
+	/* the scratch (one tile: at least one output row's columns) lives
+	 * on the stack: never more than CONV_TILE_BYTES */
+	int64_t esz = acc == KILN_DT_F64 ? 8 : 4;
+	if (CKK * OW > CONV_TILE_BYTES / esz)
+		return false;
 	if (c->tune != NULL && c->tune[n->index] >= 0)
 		return c->tune[n->index] == 0;
 	int64_t rows = conv_tile_rows(CKK, OH, OW, acc);

@@ -468,6 +468,8 @@ static void check_identity(void *arg, const sx_t *ld)
 
 static void fuse_epilogues(cctx_t *c)
 {
+	if (c->nofuse)
+		return;
 	for (uint32_t ki = 0; ki + 1 < c->n_kernels; ki++) {
 		kernel_t *gk = &c->kernels[ki], *ek = &c->kernels[ki + 1];
 		if (!gk->is_gemm || ek->is_gemm || ek->is_fallback ||
@@ -514,12 +516,11 @@ static void fuse_epilogues(cctx_t *c)
 			continue;
 		gk->has_epilogue = true;
 		ek->is_epilogue = true;
-		pb->tile_local = true;
 		pb->in_memory = false;
-		/* what the epilogue writes is written while the product runs */
-		for (uint32_t b = 0; b < c->n_bufs; b++)
-			if (c->bufs[b].kernel == (int32_t)(ki + 1))
-				c->bufs[b].kernel = (int32_t)ki;
+		/* what the epilogue writes is written while the product runs:
+		 * memplan starts those buffers' lives at the product's step
+		 * (their kernel stays the epilogue's, which its codegen needs
+		 * for values passed between its members) */
 		ki++; /* the epilogue is not a product */
 	}
 }

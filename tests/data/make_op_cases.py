@@ -805,6 +805,11 @@ def build_nn():
     # last one shorter), also with a transposed B and over batches
     case("mm", "cols_t", A.mm.default, U(4, 6), T(U(6, 1030)))
     case("bmm", "cols_t", A.bmm.default, U(2, 5, 3), U(2, 600, 3).transpose(1, 2))
+    # an epilogue of two members (gelu's result used twice) and a product
+    # of no rows over many columns
+    case("mm", "two_member_epilogue", lambda x, y: (lambda t: A.mul.Tensor(t, t))(A.gelu.default(A.mm.default(x, y))),
+         U(200, 32), U(32, 96))
+    case("mm", "m0_cols", A.mm.default, U(0, 8), U(8, 1024))
     seed("embedding")
     w = U(10, 4)
     case("embedding", "default", A.embedding.default, w, I(2, 3, lo=0, hi=10))

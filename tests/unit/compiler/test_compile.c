@@ -1330,3 +1330,140 @@ Test(compile, kiln_dropout_bad_arguments)
 	}
 	kiln_compiler_free(kc);
 }
+
+/* A product whose weight is a transposed view (nn.Linear's t()) is timed
+ * on inputs laid out as declared; a product whose result feeds one other
+ * node keeps the heuristic (that node may become its epilogue, which a
+ * one-node timing cannot see). */
+static kiln_graph_t *linear_graph(gb_t *b, bool gelu)
+{
+	gb_init(b);
+	msgpack_pack_map(&b->pk, 4);
+	s(b, "format");
+	s(b, "kiln.graph/1");
+	s(b, "inputs");
+	msgpack_pack_array(&b->pk, 2);
+	spec2(b, "f32", 48, 40);
+	spec2(b, "f32", 1024, 40);
+	s(b, "nodes");
+	msgpack_pack_array(&b->pk, gelu ? 3 : 2);
+	msgpack_pack_map(&b->pk, 3);
+	s(b, "op");
+	s(b, "aten.t.default");
+	s(b, "args");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, 1);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	msgpack_pack_map(&b->pk, 3);
+	s(b, "dtype");
+	s(b, "f32");
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, 2);
+	msgpack_pack_int64(&b->pk, 40);
+	msgpack_pack_int64(&b->pk, 1024);
+	s(b, "strides");
+	msgpack_pack_array(&b->pk, 2);
+	msgpack_pack_int64(&b->pk, 1);
+	msgpack_pack_int64(&b->pk, 40);
+	msgpack_pack_map(&b->pk, 3);
+	s(b, "op");
+	s(b, "aten.mm.default");
+	s(b, "args");
+	msgpack_pack_array(&b->pk, 2);
+	ref(b, 0);
+	ref(b, 2);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	spec2(b, "f32", 48, 1024);
+	if (gelu) {
+		msgpack_pack_map(&b->pk, 3);
+		s(b, "op");
+		s(b, "aten.gelu.default");
+		s(b, "args");
+		msgpack_pack_array(&b->pk, 1);
+		ref(b, 3);
+		s(b, "out");
+		msgpack_pack_array(&b->pk, 1);
+		spec2(b, "f32", 48, 1024);
+	}
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, gelu ? 4 : 3);
+	return graph_from_json_like("linear", &b->sb);
+}
+
+Test(autotune, transposed_weights_are_timed_and_epilogues_kept, .timeout = 300)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	kiln_graph_t *g = linear_graph(&b, false);
+	char *rep = tuned_report(kc, g);
+	cr_expect(strstr(rep, "chosen by measurement") != NULL, "%s", rep);
+	free(rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	g = linear_graph(&b, true);
+	rep = tuned_report(kc, g);
+	cr_expect(strstr(rep, "chosen by measurement") == NULL, "%s", rep);
+	free(rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+/* The tiled template keeps its stack scratch within 512 KiB: a
+ * convolution whose one output row of columns is larger (1024 channels x
+ * 3x3 x 258 columns: 9 MiB) takes the whole-image form, also when
+ * max-autotune would time the two (it has nothing to choose). Compiled
+ * only: the reports. */
+Test(conv, tiled_scratch_stays_within_its_bound)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	gb_init(&b);
+	int64_t x4[4] = {2, 1024, 8, 258}, w4[4] = {2, 1024, 3, 3},
+		y4[4] = {2, 2, 8, 258};
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 2);
+	spec4(&b, "f32", x4);
+	spec4(&b, "f32", w4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 3);
+	s(&b, "op");
+	s(&b, "aten.convolution.default");
+	s(&b, "args");
+	msgpack_pack_array(&b.pk, 9);
+	ref(&b, 0);
+	ref(&b, 1);
+	msgpack_pack_nil(&b.pk);
+	static const int64_t one2[2] = {1, 1}, zero2[2] = {0, 0};
+	ints2(&b, one2);
+	ints2(&b, one2);
+	ints2(&b, one2);
+	msgpack_pack_false(&b.pk);
+	ints2(&b, zero2);
+	msgpack_pack_int64(&b.pk, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec4(&b, "f32", y4);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 2);
+	kiln_graph_t *g = graph_from_json_like("wide convolution", &b.sb);
+	char *rep;
+	n_kernels(kc, g, &rep);
+	cr_expect(strstr(rep, "im2col tiles") == NULL, "%s", rep);
+	free(rep);
+	rep = tuned_report(kc, g);
+	cr_expect(strstr(rep, "im2col tiles") == NULL, "%s", rep);
+	cr_expect(strstr(rep, "max-autotune") == NULL, "%s", rep);
+	free(rep);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}

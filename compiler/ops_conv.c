@@ -5,14 +5,14 @@
  * Forward, by shape:
  *   1x1, stride 1, no padding, groups == 1: out[n] = W @ x[n] viewed as
  *     [C, H·W] (the input is its own im2col: no copy).
- *   tiled im2col + GEMM (groups == 1, tiles of >= 128 columns and >= 8
- *     tiles in all): one kernel; each unit writes the im2col columns of a
- *     block of output rows into a stack scratch of <= 512 KiB and
- *     multiplies W by it there through BLAS (conv_tiled, gen_conv_body in
- *     codegen.c), so the columns never reach memory.
- *   im2col + GEMM (the rest): col[n·g, (cg,kh,kw), (oh,ow)] =
- *     x[n, g·Cg + cg, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw] (0 outside)
- *     is materialized, then out[n·g] = W[g] @ col[n·g] through BLAS (for
+ *   tiled im2col + GEMM (groups == 1, one output row's columns within
+ *     512 KiB, tiles of >= 128 columns and >= 8 tiles in all, or as
+ *     max-autotune chooses): one kernel; each unit writes the im2col columns of
+ * a block of output rows into a stack scratch of <= 512 KiB and multiplies W by
+ * it there through BLAS (conv_tiled, gen_conv_body in codegen.c), so the
+ * columns never reach memory. im2col + GEMM (the rest): col[n·g, (cg,kh,kw),
+ * (oh,ow)] = x[n, g·Cg + cg, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw] (0
+ * outside) is materialized, then out[n·g] = W[g] @ col[n·g] through BLAS (for
  *     a batch of small images, groups == 1: col[(c,kh,kw), (n,oh,ow)] and
  *     one product W @ col, read as [N, O, OH, OW] through a view); the
  *     bias, and the eval batch_norm / relu / residual add that follow in the

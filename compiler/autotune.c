@@ -19,13 +19,13 @@
  */
 #include "clients/libkiln/kiln.h"
 #include "compiler/compiler.h"
+#include "compiler/cpu.h"
 #include "compiler/internal_tune.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define TUNE_CACHE 256
 
@@ -95,37 +95,48 @@ static void cache_put(kiln_tune_cache_t *t, const void *key, size_t len,
 
 static void note_refs(const kiln_arg_t *a, bool *used, uint32_t n);
 
-/* Whether node ni's result is read by exactly one other node and is not
- * a graph output: that node may become the product's epilogue
- * (sched.c fuse_epilogues), which column blocks rule out and which a
- * one-node timing cannot see, so such a product keeps the heuristic. */
-static bool single_reader(const kiln_graph_t *g, uint32_t ni)
+/* readers[v]: how many nodes read value v, plus 2 when it is a graph
+ * output (so that an output is never a single node's), for the rule
+ * below. */
+static uint32_t *count_readers(const kiln_graph_t *g)
 {
-	const kiln_node_t *nd = &g->nodes[ni];
-	uint32_t lo = nd->out_first, hi = nd->out_first + nd->n_out;
-	for (uint32_t o = 0; o < g->n_outputs; o++)
-		if (g->outputs[o].kind == KILN_ARG_REF &&
-		    g->outputs[o].u.ref >= lo && g->outputs[o].u.ref < hi)
-			return false;
-	uint32_t readers = 0;
+	uint32_t *readers = calloc(g->n_values + 1, sizeof(uint32_t));
+	bool *seen = calloc(g->n_values + 1, sizeof(bool));
+	if (readers == NULL || seen == NULL) {
+		free(readers);
+		free(seen);
+		return NULL;
+	}
 	for (uint32_t j = 0; j < g->n_nodes; j++) {
-		if (j == ni)
-			continue;
-		bool *seen = calloc(g->n_values + 1, sizeof(bool));
-		if (seen == NULL)
-			return false;
+		memset(seen, 0, (g->n_values + 1) * sizeof(bool));
 		for (uint32_t a = 0; a < g->nodes[j].n_args; a++)
 			note_refs(&g->nodes[j].args[a], seen, g->n_values);
 		for (uint32_t a = 0; a < g->nodes[j].n_kwargs; a++)
 			note_refs(&g->nodes[j].kwargs[a].val, seen,
 				  g->n_values);
-		bool reads = false;
-		for (uint32_t v = lo; v < hi && !reads; v++)
-			reads = seen[v];
-		free(seen);
-		readers += reads;
+		for (uint32_t v = 0; v < g->n_values; v++)
+			readers[v] += seen[v];
 	}
-	return readers == 1;
+	for (uint32_t o = 0; o < g->n_outputs; o++)
+		if (g->outputs[o].kind == KILN_ARG_REF &&
+		    g->outputs[o].u.ref < g->n_values)
+			readers[g->outputs[o].u.ref] += 2;
+	free(seen);
+	return readers;
+}
+
+/* Whether node ni's result is read by exactly one other node and is not
+ * a graph output: that node may become the product's epilogue
+ * (sched.c fuse_epilogues), which column blocks rule out and which a
+ * one-node timing cannot see, so such a product keeps the heuristic. */
+static bool single_reader(const kiln_graph_t *g, const uint32_t *readers,
+			  uint32_t ni)
+{
+	const kiln_node_t *nd = &g->nodes[ni];
+	uint32_t total = 0;
+	for (uint32_t o = 0; o < nd->n_out; o++)
+		total += readers[nd->out_first + o];
+	return total == 1;
 }
 
 static bool tunable_op(const char *op)
@@ -264,13 +275,6 @@ static bool one_node_graph(const kiln_graph_t *g, uint32_t ni,
 	return ok;
 }
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static int cmp_d(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -348,18 +352,19 @@ static void time_pair(kiln_artifact_t *a[2], const kiln_graph_t *g,
 	 * by the first run keeps a thread spinning on the other core for a
 	 * while: timed at once, the parallel variant measured 1.5-2x slow in
 	 * one process of four) */
-	double t_w = now_ms();
-	for (int w = 0; ok && (w < 2 || now_ms() - t_w < 100.0) && w < 200; w++)
+	double t_w = kiln__now_ms();
+	for (int w = 0;
+	     ok && (w < 2 || kiln__now_ms() - t_w < 100.0) && w < 200; w++)
 		for (int v = 0; v < 2 && ok; v++)
 			ok = kiln_module_run(m[v], in, g->n_inputs, ob[v], out,
 					     NULL, err, sizeof(err)) == 0;
 	double spent = 0;
 	while (ok && n < 20 && (n < 3 || spent < 60.0)) {
 		for (int v = 0; v < 2 && ok; v++) {
-			double t0 = now_ms();
+			double t0 = kiln__now_ms();
 			ok = kiln_module_run(m[v], in, g->n_inputs, ob[v], out,
 					     NULL, err, sizeof(err)) == 0;
-			ts[v][n] = now_ms() - t0;
+			ts[v][n] = kiln__now_ms() - t0;
 			spent += ts[v][n];
 		}
 		n++;
@@ -391,13 +396,14 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 		   const kiln_graph_t *g, int8_t *tune,
 		   char (*why)[KILN_TUNE_WHY])
 {
+	uint32_t *readers = count_readers(g);
 	for (uint32_t ni = 0; ni < g->n_nodes; ni++) {
 		tune[ni] = -1;
 		why[ni][0] = '\0';
 		if (!tunable_op(g->nodes[ni].op))
 			continue;
 		if (strcmp(g->nodes[ni].op, "aten.convolution.default") != 0 &&
-		    single_reader(g, ni))
+		    (readers == NULL || single_reader(g, readers, ni)))
 			continue;
 		msgpack_sbuffer sb;
 		msgpack_sbuffer_init(&sb);
@@ -461,5 +467,6 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 		msgpack_sbuffer_destroy(&sb);
 		kiln_graph_free(sg);
 	}
+	free(readers);
 	return 0;
 }

@@ -357,6 +357,11 @@ typedef int (*lower_fn_t)(cctx_t *c, lnode_t *n);
 /* ---- scheduling (sched.c) ----------------------------------------------- */
 
 int sched_graph(cctx_t *c);
+/* codegen.c's units, which the scheduler's epilogue fusion relies on: a
+ * BLAS product's rows per unit, and the longest static last dim a
+ * pointwise kernel takes whole in one unit */
+#define CG_GEMM_MB  64
+#define CG_PW_CHUNK 8192
 /* codegen.c: the column block of a BLAS product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);

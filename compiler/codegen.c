@@ -1516,7 +1516,7 @@ static void decompose(gen_t *g, LLVMValueRef u, const uint32_t *dims,
 	}
 }
 
-#define PW_CHUNK 8192
+#define PW_CHUNK CG_PW_CHUNK
 
 static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 {
@@ -1767,7 +1767,7 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
 	return phi;
 }
 
-#define GEMM_MB 64 /* rows of C per unit */
+#define GEMM_MB CG_GEMM_MB /* rows of C per unit */
 
 /* Columns of C per unit, or 0 for all of them. A product with few row
  * blocks (a convolution's W[O, C·KH·KW] @ col[.., OH·OW] at batch 1 has
@@ -1823,6 +1823,38 @@ static LLVMValueRef imax(gen_t *g, LLVMValueRef a, LLVMValueRef b)
 {
 	return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, a, b, ""),
 			       a, b, "");
+}
+
+/* cblas_?gemm(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
+ * through the pointer fn (blas_fn); sizes are i64 values, ta/tb i32 (111:
+ * no transpose, 112: transpose). */
+static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
+		      LLVMValueRef tb, const LLVMValueRef mnk[3],
+		      LLVMValueRef a, LLVMValueRef lda, LLVMValueRef b,
+		      LLVMValueRef ldb, LLVMValueRef c, LLVMValueRef ldc)
+{
+	LLVMTypeRef et = f64 ? g->f64 : g->f32;
+#define I32(v) LLVMBuildTrunc(g->b, (v), g->i32, "")
+	LLVMValueRef args[14] = {LLVMConstInt(g->i32, 101, 0), /* row major */
+				 ta,
+				 tb,
+				 I32(mnk[0]),
+				 I32(mnk[1]),
+				 I32(mnk[2]),
+				 LLVMConstReal(et, 1.0),
+				 a,
+				 I32(lda),
+				 b,
+				 I32(ldb),
+				 LLVMConstReal(et, 0.0),
+				 c,
+				 I32(ldc)};
+#undef I32
+	LLVMTypeRef pt[14] = {g->i32, g->i32, g->i32, g->i32, g->i32,
+			      g->i32, et,     g->ptr, g->i32, g->ptr,
+			      g->i32, et,     g->ptr, g->i32};
+	LLVMTypeRef ft = LLVMFunctionType(g->voidt, pt, 14, 0);
+	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
 }
 
 /* One unit: rows [m0, m0 + MB) of batch bi. Operand layout per matrix:
@@ -1946,26 +1978,6 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMValueRef tb =
 	    LLVMBuildSelect(g->b, b_nt, LLVMConstInt(g->i32, 111, 0),
 			    LLVMConstInt(g->i32, 112, 0), "");
-#define I32(v) LLVMBuildTrunc(g->b, (v), g->i32, "")
-	LLVMValueRef args[14] = {LLVMConstInt(g->i32, 101, 0), /* row major */
-				 ta,
-				 tb,
-				 I32(rows),
-				 I32(ncols),
-				 I32(K),
-				 LLVMConstReal(et, 1.0),
-				 ap,
-				 I32(lda),
-				 bp,
-				 I32(ldb),
-				 LLVMConstReal(et, 0.0),
-				 cp,
-				 I32(imax(g, N, one))};
-#undef I32
-	LLVMTypeRef pt[14] = {g->i32, g->i32, g->i32, g->i32, g->i32,
-			      g->i32, et,     g->ptr, g->i32, g->ptr,
-			      g->i32, et,     g->ptr, g->i32};
-	LLVMTypeRef ft = LLVMFunctionType(g->voidt, pt, 14, 0);
 	LLVMBasicBlockRef call =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "gemm_call");
 	LLVMBasicBlockRef skip =
@@ -1981,7 +1993,9 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	    "");
 	LLVMBuildCondBr(g->b, ok, call, skip);
 	LLVMPositionBuilderAtEnd(g->b, call);
-	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
+	LLVMValueRef mnk[3] = {rows, ncols, K};
+	blas_call(g, fn, f64, ta, tb, mnk, ap, lda, bp, ldb, cp,
+		  imax(g, N, one));
 	if (epi) {
 		/* the epilogue over rows [bi·M + m0, + rows) of its extent,
 		 * the product's buffer being the scratch less that offset */
@@ -2225,34 +2239,18 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			 LLVMBuildMul(g->b, oh0, K64(g, cs->OW), ""), "");
 	LLVMValueRef zero = K64(g, 0);
 	LLVMValueRef sp = LLVMBuildGEP2(g->b, et, scratch, &zero, 1, "");
-#define I32(v) LLVMBuildTrunc(g->b, (v), g->i32, "")
-	LLVMValueRef args[14] = {
-	    LLVMConstInt(g->i32, 101, 0), /* row major */
-	    LLVMConstInt(g->i32, 111, 0), /* no transpose */
-	    LLVMConstInt(g->i32, 111, 0),
-	    LLVMConstInt(g->i32, (uint64_t)cs->O, 0),
-	    I32(pt),
-	    LLVMConstInt(g->i32, (uint64_t)CKK, 0),
-	    LLVMConstReal(et, 1.0),
-	    LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""),
-	    I32(imax(g, lda, K64(g, CKK))),
-	    sp,
-	    I32(imax(g, pt, K64(g, 1))),
-	    LLVMConstReal(et, 0.0),
-	    LLVMBuildGEP2(g->b, et, op, &coff, 1, ""),
-	    LLVMConstInt(g->i32, (uint64_t)P, 0)};
-#undef I32
-	LLVMTypeRef ptys[14] = {g->i32, g->i32, g->i32, g->i32, g->i32,
-				g->i32, et,	g->ptr, g->i32, g->ptr,
-				g->i32, et,	g->ptr, g->i32};
-	LLVMTypeRef ft = LLVMFunctionType(g->voidt, ptys, 14, 0);
 	LLVMBasicBlockRef call =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_gemm");
 	LLVMBasicBlockRef skip =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_skip");
 	LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, fn, ""), call, skip);
 	LLVMPositionBuilderAtEnd(g->b, call);
-	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
+	LLVMValueRef nt = LLVMConstInt(g->i32, 111, 0); /* no transpose */
+	LLVMValueRef mnk[3] = {K64(g, cs->O), pt, K64(g, CKK)};
+	blas_call(g, fn, f64, nt, nt, mnk,
+		  LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""),
+		  imax(g, lda, K64(g, CKK)), sp, imax(g, pt, K64(g, 1)),
+		  LLVMBuildGEP2(g->b, et, op, &coff, 1, ""), K64(g, P));
 	LLVMBuildBr(g->b, skip);
 	LLVMPositionBuilderAtEnd(g->b, skip);
 	loop_end(g, &U);

@@ -97,6 +97,9 @@ bool kiln__op_supported(const char *name);
 /* P = A @ B (2-d, or 3-d batched) through a gemm compute node; half
  * types are computed in f32 and P is f32 then (ops_gemm.c). */
 int lgemm(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t dt, lt_t **out);
+int lgemm_node(lnode_t *n, const lt_t *a, const lt_t *b, const convspec_t *conv,
+	       kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sz,
+	       lt_t **out);
 
 /* gelu of a float scalar expression (ops_pointwise.c). */
 const sx_t *sx_gelu(cctx_t *c, const sx_t *x, bool tanh_approx);

@@ -138,11 +138,30 @@ static const sx_t *xin(cctx_t *c, const lt_t *x, const kiln_expr_t *n,
 #define IC(v) ix_const(c, (v))
 #define IV(k) ix_var(c, (k))
 
+/* The im2col buffer (realized) over the 6-d space cs whose vars 4, 5 are
+ * the output position (oh, ow) and vars vkh, vkw the kernel tap:
+ * x[nn, ch, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw], 0 in the padding. */
+static int im2col(lnode_t *n, lt_t *x, const conv_t *cv, kiln_dtype_t acc,
+		  const kiln_dim_t cs[6], const kiln_expr_t *nn,
+		  const kiln_expr_t *ch, uint32_t vkh, uint32_t vkw, lt_t **col)
+{
+	cctx_t *c = n->c;
+	const kiln_expr_t *ih =
+	    ix_add(c, ix_mul(c, IV(4), IC(cv->s[0])),
+		   ix_sub(c, ix_mul(c, IV(vkh), IC(cv->d[0])), IC(cv->p[0])));
+	const kiln_expr_t *iw =
+	    ix_add(c, ix_mul(c, IV(5), IC(cv->s[1])),
+		   ix_sub(c, ix_mul(c, IV(vkw), IC(cv->d[1])), IC(cv->p[1])));
+	lt_t *t =
+	    lt_fn(c, acc, 6, cs, sx_cast(c, xin(c, x, nn, ch, ih, iw), acc));
+	if (t == NULL)
+		return -ENOMEM;
+	return lt_realize(c, t, (int32_t)n->index, col);
+}
+
 /* Scratch per tile of the tiled template, in elements: 512 KiB of f32,
  * so a tile of columns stays in L2 between the im2col that writes it and
  * the product that reads it. */
-static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **out);
-
 #define CONV_TILE_BYTES (512 * 1024)
 /* The tiled template is chosen when its tiles have at least this many
  * columns (BLAS slows down on narrower products: 56 columns for
@@ -163,12 +182,14 @@ static int64_t conv_tile_rows(int64_t ckk, int64_t oh, int64_t ow,
 	return rows < 1 ? 1 : rows > oh ? oh : rows;
 }
 
-/* t as a buffer of dtype acc whose last dim has unit stride. */
-static int unit_stride_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **out)
+/* t as a buffer of dtype acc (a copy when it is not one already, or when
+ * unit_last asks for a unit stride along its last dim and it has not). */
+static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, bool unit_last,
+		   lt_t **out)
 {
 	cctx_t *c = n->c;
 	if (t->is_buf && t->dtype == acc &&
-	    dim_is(t->strides[t->rank - 1], 1)) {
+	    (!unit_last || dim_is(t->strides[t->rank - 1], 1))) {
 		*out = t;
 		return 0;
 	}
@@ -194,14 +215,14 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 		KH = dims[5], KW = dims[6], OH = dims[7], OW = dims[8];
 	int64_t CKK = C * KH * KW;
 	lt_t *xb, *wb;
-	int rc = acc_buf(n, x, acc, &xb);
+	int rc = acc_buf(n, x, acc, false, &xb);
 	if (rc != 0)
 		return rc;
 	kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
 	lt_t *wv = lt_reshape(c, w, 2, w2);
 	if (wv == NULL)
 		return -ENOMEM;
-	rc = unit_stride_buf(n, wv, acc, &wb);
+	rc = acc_buf(n, wv, acc, true, &wb);
 	if (rc != 0)
 		return rc;
 	convspec_t *cs = kiln_arena_calloc(c->arena, 1, sizeof(*cs));
@@ -224,26 +245,7 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	cs->rows = conv_tile_rows(CKK, OH, OW, acc);
 	kiln_dim_t sz[4] = {dim_const(N), dim_const(O), dim_const(OH),
 			    dim_const(OW)};
-	uint32_t buf = new_buf(c, CB_TEMP, acc, 4, sz);
-	int32_t ni = new_cnode(c);
-	if (buf == UINT32_MAX || ni < 0)
-		return -ENOMEM;
-	cnode_t *cn = &c->nodes[ni];
-	cn->buf = buf;
-	cn->gemm = true;
-	cn->ga = wb;
-	cn->gb = xb;
-	cn->conv = cs;
-	cn->node = (int32_t)n->index;
-	cn->frank = 4;
-	for (uint32_t i = 0; i < 4; i++)
-		cn->fsizes[i] = sz[i];
-	cn->body = sx_consti(c, 0, KILN_DT_I64); /* no element body */
-	if (cn->body == NULL)
-		return -ENOMEM;
-	c->bufs[buf].producer = ni;
-	*out = lt_buf(c, buf);
-	return *out ? 0 : -ENOMEM;
+	return lgemm_node(n, wb, xb, cs, acc, 4, sz, out);
 }
 
 /* Whether a groups == 1 convolution takes the tiled template: the
@@ -355,18 +357,8 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		 * (OH·OW stays the contiguous inner run) */
 		kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
 				    dim_const(N), dim_const(OH), dim_const(OW)};
-		const kiln_expr_t *ih = ix_add(
-		    c, ix_mul(c, IV(4), IC(cv.s[0])),
-		    ix_sub(c, ix_mul(c, IV(1), IC(cv.d[0])), IC(cv.p[0])));
-		const kiln_expr_t *iw = ix_add(
-		    c, ix_mul(c, IV(5), IC(cv.s[1])),
-		    ix_sub(c, ix_mul(c, IV(2), IC(cv.d[1])), IC(cv.p[1])));
-		lt_t *col =
-		    lt_fn(c, acc, 6, cs,
-			  sx_cast(c, xin(c, x, IV(3), IV(0), ih, iw), acc));
-		if (col == NULL)
-			return -ENOMEM;
-		rc = lt_realize(c, col, (int32_t)n->index, &col);
+		lt_t *col;
+		rc = im2col(n, x, &cv, acc, cs, IV(3), IV(0), 1, 2, &col);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t c2[2] = {dim_const(CKK), dim_const(N * OH * OW)};
@@ -395,7 +387,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		/* 1x1, stride 1, no padding: the input is its own im2col,
 		 * out[n] = W[O, C] @ x[n] viewed as [C, H·W] */
 		lt_t *xb;
-		rc = acc_buf(n, x, acc, &xb);
+		rc = acc_buf(n, x, acc, false, &xb);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t x3[3] = {dim_const(N), dim_const(C),
@@ -408,7 +400,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		lt_t *wv = lt_reshape(c, w, 2, w2);
 		if (wv == NULL)
 			return -ENOMEM;
-		rc = unit_stride_buf(n, wv, acc, &wa);
+		rc = acc_buf(n, wv, acc, true, &wa);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t e3[3] = {dim_const(N), dim_const(O), dim_const(C)};
@@ -431,17 +423,8 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		const kiln_expr_t *nn = ix_floordiv(c, IV(0), IC(G));
 		const kiln_expr_t *ch = ix_add(
 		    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Cg)), IV(1));
-		const kiln_expr_t *ih = ix_add(
-		    c, ix_mul(c, IV(4), IC(cv.s[0])),
-		    ix_sub(c, ix_mul(c, IV(2), IC(cv.d[0])), IC(cv.p[0])));
-		const kiln_expr_t *iw = ix_add(
-		    c, ix_mul(c, IV(5), IC(cv.s[1])),
-		    ix_sub(c, ix_mul(c, IV(3), IC(cv.d[1])), IC(cv.p[1])));
-		lt_t *col = lt_fn(c, acc, 6, cs,
-				  sx_cast(c, xin(c, x, nn, ch, ih, iw), acc));
-		if (col == NULL)
-			return -ENOMEM;
-		rc = lt_realize(c, col, (int32_t)n->index, &col);
+		lt_t *col;
+		rc = im2col(n, x, &cv, acc, cs, nn, ch, 2, 3, &col);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t c3[3] = {dim_const(N * G), dim_const(CKK),
@@ -503,21 +486,6 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	return lset(n, 0, y);
 }
 
-/* t as a buffer of dtype acc (a copy when it is not one already). */
-static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **out)
-{
-	cctx_t *c = n->c;
-	if (t->is_buf && t->dtype == acc) {
-		*out = t;
-		return 0;
-	}
-	lt_t *u =
-	    lt_fn(c, acc, t->rank, t->sizes, sx_cast(c, lt_body(c, t), acc));
-	if (u == NULL)
-		return -ENOMEM;
-	return lt_realize(c, u, (int32_t)n->index, out);
-}
-
 /* Over a grad_input space [N, C, *, KH, KW, H, W] (vars 0..6): the output
  * position (oh, ow) that tap (kh, kw) of input position (h, w) came from,
  * oh·sh = h + ph - kh·dh (and w alike), and whether it exists (the
@@ -570,7 +538,7 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	int64_t O = w->sizes[0].c, KH = w->sizes[2].c, KW = w->sizes[3].c;
 	int64_t OH = go->sizes[2].c, OW = go->sizes[3].c, CKK = C * KH * KW;
 	lt_t *gb;
-	int rc = acc_buf(n, go, acc, &gb);
+	int rc = acc_buf(n, go, acc, false, &gb);
 	if (rc != 0)
 		return rc;
 	kiln_dim_t g3[3] = {dim_const(N), dim_const(O), dim_const(OH * OW)};
@@ -581,18 +549,8 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 		kiln_dim_t cs[6] = {dim_const(N),  dim_const(C),
 				    dim_const(KH), dim_const(KW),
 				    dim_const(OH), dim_const(OW)};
-		const kiln_expr_t *ih = ix_add(
-		    c, ix_mul(c, IV(4), IC(cv->s[0])),
-		    ix_sub(c, ix_mul(c, IV(2), IC(cv->d[0])), IC(cv->p[0])));
-		const kiln_expr_t *iw = ix_add(
-		    c, ix_mul(c, IV(5), IC(cv->s[1])),
-		    ix_sub(c, ix_mul(c, IV(3), IC(cv->d[1])), IC(cv->p[1])));
-		lt_t *col =
-		    lt_fn(c, acc, 6, cs,
-			  sx_cast(c, xin(c, x, IV(0), IV(1), ih, iw), acc));
-		if (col == NULL)
-			return -ENOMEM;
-		rc = lt_realize(c, col, (int32_t)n->index, &col);
+		lt_t *col;
+		rc = im2col(n, x, cv, acc, cs, IV(0), IV(1), 2, 3, &col);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t c3[3] = {dim_const(N), dim_const(CKK),
@@ -621,7 +579,7 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	}
 	if (mask[0]) {
 		lt_t *wb;
-		rc = acc_buf(n, w, acc, &wb);
+		rc = acc_buf(n, w, acc, false, &wb);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};

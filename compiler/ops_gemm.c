@@ -103,12 +103,20 @@ int lgemm(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t dt, lt_t **out)
 	if (rc != 0)
 		return rc;
 	kiln_dim_t sz[3];
-	uint32_t orank = r;
 	if (r == 3)
 		sz[0] = a->sizes[0];
 	sz[r - 2] = a->sizes[r - 2];
 	sz[r - 1] = b->sizes[r - 1];
-	uint32_t buf = new_buf(c, CB_TEMP, dt, orank, sz);
+	return lgemm_node(n, a, b, NULL, dt, r, sz, out);
+}
+
+/* The compute node of a product (conv: a convolution's tiled template,
+ * else NULL) writing a new buffer of sizes sz. */
+int lgemm_node(lnode_t *n, const lt_t *a, const lt_t *b, const convspec_t *conv,
+	       kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sz, lt_t **out)
+{
+	cctx_t *c = n->c;
+	uint32_t buf = new_buf(c, CB_TEMP, dt, rank, sz);
 	int32_t ni = new_cnode(c);
 	if (buf == UINT32_MAX || ni < 0)
 		return -ENOMEM;
@@ -117,9 +125,10 @@ int lgemm(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t dt, lt_t **out)
 	cn->gemm = true;
 	cn->ga = a;
 	cn->gb = b;
+	cn->conv = conv;
 	cn->node = (int32_t)n->index;
-	cn->frank = orank;
-	for (uint32_t i = 0; i < orank; i++)
+	cn->frank = rank;
+	for (uint32_t i = 0; i < rank; i++)
 		cn->fsizes[i] = sz[i];
 	cn->body = sx_consti(c, 0, KILN_DT_I64); /* no element body */
 	if (cn->body == NULL)

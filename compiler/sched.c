@@ -463,8 +463,6 @@ static void check_identity(void *arg, const sx_t *ld)
  * an activation, a residual add). Static shapes, f32/f64, scratch <= 512
  * KiB, no column blocks. */
 #define EPI_SCRATCH_MAX (512 * 1024)
-#define EPI_ROWS	64   /* GEMM_MB in codegen.c */
-#define EPI_MAX_LAST	8192 /* PW_CHUNK in codegen.c */
 
 static void fuse_epilogues(cctx_t *c)
 {
@@ -498,11 +496,11 @@ static void fuse_epilogues(cctx_t *c)
 			else if (i + 1 < ek->frank)
 				erows *= ek->fsizes[i].c;
 		}
-		if (!stat || ncols < 1 || ncols > EPI_MAX_LAST ||
+		if (!stat || ncols < 1 || ncols > CG_PW_CHUNK ||
 		    ek->fsizes[ek->frank - 1].c != ncols || erows != prows)
 			continue;
 		int64_t esz = pb->dtype == KILN_DT_F64 ? 8 : 4;
-		if (EPI_ROWS * ncols * esz > EPI_SCRATCH_MAX)
+		if (CG_GEMM_MB * ncols * esz > EPI_SCRATCH_MAX)
 			continue;
 		struct idscan s = {c, n->buf, ek->frank, {0}, true};
 		int64_t st = 1;
@@ -762,8 +760,8 @@ char *sched_report(cctx_t *c)
 				    "    epilogue %s on each block of %d "
 				    "rows in a %lld KiB scratch (the "
 				    "product never reaches memory)\n",
-				    c->kernels[ki + 1].name, EPI_ROWS,
-				    (long long)((EPI_ROWS * cols *
+				    c->kernels[ki + 1].name, CG_GEMM_MB,
+				    (long long)((CG_GEMM_MB * cols *
 						     (pb->dtype == KILN_DT_F64
 							  ? 8
 							  : 4) +

@@ -308,6 +308,17 @@ static void ref(gb_t *b, uint32_t v)
 	msgpack_pack_uint32(&b->pk, v);
 }
 
+/* A node's "op" and the head of its "args" (the caller packs n args, then
+ * "out"). */
+static void node_head(gb_t *b, const char *op, uint32_t nargs)
+{
+	msgpack_pack_map(&b->pk, 3);
+	s(b, "op");
+	s(b, op);
+	s(b, "args");
+	msgpack_pack_array(&b->pk, nargs);
+}
+
 /* The kernel count of a graph's fusion report. */
 static uint32_t n_kernels(kiln_compiler_t *kc, const kiln_graph_t *g,
 			  char **report)
@@ -340,11 +351,7 @@ Test(fusion, softmax_is_one_kernel)
 	spec2(&b, "f32", 64, 1000);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten._softmax.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 3);
+	node_head(&b, "aten._softmax.default", 3);
 	ref(&b, 0);
 	msgpack_pack_int64(&b.pk, -1);
 	msgpack_pack_false(&b.pk);
@@ -382,11 +389,7 @@ static char *mm_report(kiln_compiler_t *kc, int64_t m, int64_t k, int64_t n)
 	spec2(&b, "f32", k, n);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.mm.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.mm.default", 2);
 	ref(&b, 0);
 	ref(&b, 1);
 	s(&b, "out");
@@ -421,21 +424,13 @@ static char *epi_report(kiln_compiler_t *kc, bool product_out, uint32_t *nk)
 	spec2(&b, "f32", 32, 96);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.mm.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.mm.default", 2);
 	ref(&b, 0);
 	ref(&b, 1);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	spec2(&b, "f32", 200, 96);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.gelu.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.gelu.default", 1);
 	ref(&b, 2);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
@@ -540,11 +535,7 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, cc->permuted ? 2 : 1);
 	if (cc->permuted) {
-		msgpack_pack_map(&b.pk, 3);
-		s(&b, "op");
-		s(&b, "aten.permute.default");
-		s(&b, "args");
-		msgpack_pack_array(&b.pk, 2);
+		node_head(&b, "aten.permute.default", 2);
 		ref(&b, 0);
 		msgpack_pack_array(&b.pk, 4);
 		static const int64_t perm[4] = {0, 1, 3, 2};
@@ -554,11 +545,7 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 		msgpack_pack_array(&b.pk, 1);
 		spec4(&b, cc->dt, x4);
 	}
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.convolution.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 9);
+	node_head(&b, "aten.convolution.default", 9);
 	ref(&b, cc->permuted ? 2 : 0);
 	ref(&b, 1);
 	msgpack_pack_nil(&b.pk);
@@ -691,11 +678,7 @@ Test(autotune, products_and_convolutions_are_chosen_by_measurement,
 	spec2(&b, "f32", 40, 1024);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.mm.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.mm.default", 2);
 	ref(&b, 0);
 	ref(&b, 1);
 	s(&b, "out");
@@ -800,11 +783,7 @@ Test(fusion, layer_norm_is_one_kernel)
 	msgpack_pack_int64(&b.pk, 768);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.native_layer_norm.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 5);
+	node_head(&b, "aten.native_layer_norm.default", 5);
 	ref(&b, 0);
 	msgpack_pack_array(&b.pk, 1);
 	msgpack_pack_int64(&b.pk, 768);
@@ -890,11 +869,7 @@ Test(fusion, views_are_not_copies)
 	spec2(&b, "f32", 32, 48);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.t.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.t.default", 1);
 	ref(&b, 0);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
@@ -909,11 +884,7 @@ Test(fusion, views_are_not_copies)
 	msgpack_pack_array(&b.pk, 2);
 	msgpack_pack_int64(&b.pk, 1);
 	msgpack_pack_int64(&b.pk, 48);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.relu.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.relu.default", 1);
 	ref(&b, 1);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
@@ -962,11 +933,7 @@ Test(dynamic, one_artifact_many_sizes)
 	msgpack_pack_int64(&b.pk, 48);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.mul.Tensor");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.mul.Tensor", 2);
 	ref(&b, 0);
 	msgpack_pack_double(&b.pk, 2.0);
 	s(&b, "out");
@@ -978,11 +945,7 @@ Test(dynamic, one_artifact_many_sizes)
 	msgpack_pack_array(&b.pk, 2);
 	s(&b, "s0");
 	msgpack_pack_int64(&b.pk, 48);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten._softmax.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 3);
+	node_head(&b, "aten._softmax.default", 3);
 	ref(&b, 1);
 	msgpack_pack_int64(&b.pk, 1);
 	msgpack_pack_false(&b.pk);
@@ -1347,11 +1310,7 @@ static kiln_graph_t *linear_graph(gb_t *b, bool gelu)
 	spec2(b, "f32", 1024, 40);
 	s(b, "nodes");
 	msgpack_pack_array(&b->pk, gelu ? 3 : 2);
-	msgpack_pack_map(&b->pk, 3);
-	s(b, "op");
-	s(b, "aten.t.default");
-	s(b, "args");
-	msgpack_pack_array(&b->pk, 1);
+	node_head(b, "aten.t.default", 1);
 	ref(b, 1);
 	s(b, "out");
 	msgpack_pack_array(&b->pk, 1);
@@ -1366,22 +1325,14 @@ static kiln_graph_t *linear_graph(gb_t *b, bool gelu)
 	msgpack_pack_array(&b->pk, 2);
 	msgpack_pack_int64(&b->pk, 1);
 	msgpack_pack_int64(&b->pk, 40);
-	msgpack_pack_map(&b->pk, 3);
-	s(b, "op");
-	s(b, "aten.mm.default");
-	s(b, "args");
-	msgpack_pack_array(&b->pk, 2);
+	node_head(b, "aten.mm.default", 2);
 	ref(b, 0);
 	ref(b, 2);
 	s(b, "out");
 	msgpack_pack_array(&b->pk, 1);
 	spec2(b, "f32", 48, 1024);
 	if (gelu) {
-		msgpack_pack_map(&b->pk, 3);
-		s(b, "op");
-		s(b, "aten.gelu.default");
-		s(b, "args");
-		msgpack_pack_array(&b->pk, 1);
+		node_head(b, "aten.gelu.default", 1);
 		ref(b, 3);
 		s(b, "out");
 		msgpack_pack_array(&b->pk, 1);
@@ -1433,11 +1384,7 @@ Test(conv, tiled_scratch_stays_within_its_bound)
 	spec4(&b, "f32", w4);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 3);
-	s(&b, "op");
-	s(&b, "aten.convolution.default");
-	s(&b, "args");
-	msgpack_pack_array(&b.pk, 9);
+	node_head(&b, "aten.convolution.default", 9);
 	ref(&b, 0);
 	ref(&b, 1);
 	msgpack_pack_nil(&b.pk);

@@ -2,17 +2,18 @@
  * autotune.c — mode "max-autotune": the template of each matrix product
  * and convolution chosen by measurement on this machine.
  *
- * For every node that has a choice (a convolution: tiled im2col template
- * or whole-image im2col + product; mm, bmm, addmm, baddbmm: row blocks
- * alone or row and column blocks), the node alone becomes a graph of one
- * node (its tensor arguments the inputs, static shapes only). That graph
- * is compiled once per variant; when the variants give the same kernels
- * there is nothing to choose. Otherwise both are loaded and run on the
- * same deterministic data, interleaved (A B A B ..., so that the rest of
- * the machine slows both alike): a warm-up of at least 100 ms, then rounds
+ * For every node that has a choice (a convolution: tiled im2col with the
+ * GEMM template or with BLAS, or whole-image im2col + BLAS; mm, bmm, addmm,
+ * baddbmm: row blocks alone or row and column blocks), the node alone
+ * becomes a graph of one node (its tensor arguments the inputs, static
+ * shapes only). That graph is compiled once per variant; variants that
+ * give the same kernels as an earlier one drop out, and with one left
+ * there is nothing to choose. Otherwise they are loaded and run on the
+ * same deterministic data, interleaved (A B C A B C ..., so that the rest of
+ * the machine slows all alike): a warm-up of at least 100 ms, then rounds
  * until 60 ms or 20 rounds (at least 3); the fastest run of each decides,
  * and that variant is the node's in the real compile (--emit=kernels
- * prints both times). Choices are remembered per compiler by the one-node
+ * prints each time). Choices are remembered per compiler by the one-node
  * graph's bytes, so a shape that repeats (ResNet's blocks) is measured
  * once per process. Without max-autotune the recorded heuristics of
  * ops_conv.c and codegen.c choose (their comments give the measurements).
@@ -323,30 +324,33 @@ static bool make_inputs(const kiln_graph_t *g, kiln_io_t *in)
 	return true;
 }
 
-/* Times the two variants' artifacts (consumed) on the same inputs, runs
- * interleaved (A B A B ..., so that whatever else the machine does slows
- * both alike): a warm-up, then rounds until 60 ms or 20 rounds (at least
- * 3); ms[v] is variant v's fastest run (the least disturbed), < 0 when it
- * failed. */
-static void time_pair(kiln_artifact_t *a[2], const kiln_graph_t *g,
-		      double ms[2])
+#define MAX_VARIANTS 3
+
+/* Times the variants' artifacts (nv of them, consumed) on the same inputs,
+ * runs interleaved (A B C A B C ..., so that whatever else the machine
+ * does slows all alike): a warm-up, then rounds until 60 ms or 20 rounds
+ * (at least 3); ms[v] is variant v's fastest run (the least disturbed),
+ * < 0 when it failed. */
+static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
+			  double *ms)
 {
-	kiln_module_t *m[2] = {NULL, NULL};
+	kiln_module_t *m[MAX_VARIANTS] = {NULL};
+	void **ob[MAX_VARIANTS] = {NULL};
 	char err[256];
-	ms[0] = ms[1] = -1;
 	bool ok = true;
-	for (int v = 0; v < 2; v++) {
+	for (int v = 0; v < nv; v++) {
+		ms[v] = -1;
 		if (kiln_module_from_artifact(a[v], &m[v], err, sizeof(err)) !=
 		    0)
 			ok = false;
 		a[v] = NULL; /* the module owns it, or it was freed */
+		ob[v] = calloc(g->n_outputs + 1, sizeof(void *));
+		ok = ok && ob[v] != NULL;
 	}
 	kiln_io_t *in = calloc(g->n_inputs + 1, sizeof(*in));
-	void **ob[2] = {calloc(g->n_outputs + 1, sizeof(void *)),
-			calloc(g->n_outputs + 1, sizeof(void *))};
 	kiln_io_t *out = calloc(g->n_outputs + 1, sizeof(*out));
-	ok = ok && in && ob[0] && ob[1] && out && make_inputs(g, in);
-	double ts[2][20];
+	ok = ok && in && out && make_inputs(g, in);
+	double ts[MAX_VARIANTS][20];
 	int n = 0;
 	/* warm-up: at least 2 runs each and 100 ms (a BLAS library loaded
 	 * by the first run keeps a thread spinning on the other core for a
@@ -355,12 +359,12 @@ static void time_pair(kiln_artifact_t *a[2], const kiln_graph_t *g,
 	double t_w = kiln__now_ms();
 	for (int w = 0;
 	     ok && (w < 2 || kiln__now_ms() - t_w < 100.0) && w < 200; w++)
-		for (int v = 0; v < 2 && ok; v++)
+		for (int v = 0; v < nv && ok; v++)
 			ok = kiln_module_run(m[v], in, g->n_inputs, ob[v], out,
 					     NULL, err, sizeof(err)) == 0;
 	double spent = 0;
 	while (ok && n < 20 && (n < 3 || spent < 60.0)) {
-		for (int v = 0; v < 2 && ok; v++) {
+		for (int v = 0; v < nv && ok; v++) {
 			double t0 = kiln__now_ms();
 			ok = kiln_module_run(m[v], in, g->n_inputs, ob[v], out,
 					     NULL, err, sizeof(err)) == 0;
@@ -369,13 +373,13 @@ static void time_pair(kiln_artifact_t *a[2], const kiln_graph_t *g,
 		}
 		n++;
 	}
-	for (int v = 0; ok && v < 2; v++) {
+	for (int v = 0; ok && v < nv; v++) {
 		qsort(ts[v], (size_t)n, sizeof(double), cmp_d);
 		ms[v] = ts[v][0];
 	}
 	for (uint32_t i = 0; in && i < g->n_inputs; i++)
 		free(in[i].t.data);
-	for (int v = 0; v < 2; v++) {
+	for (int v = 0; v < nv; v++) {
 		for (uint32_t i = 0; ob[v] && i < g->n_outputs; i++)
 			free(ob[v][i]);
 		free(ob[v]);
@@ -385,10 +389,21 @@ static void time_pair(kiln_artifact_t *a[2], const kiln_graph_t *g,
 	free(out);
 }
 
+/* A convolution: 0 the tiled template with the GEMM template as its
+ * product (ops_conv.c; where the target has none, the same kernels as 2),
+ * 1 the whole-image (or batched) im2col and a BLAS product, 2 the tiled
+ * template with BLAS. A product: 0 row blocks, 1 row and column blocks. */
+static int n_variants(const char *op)
+{
+	return strcmp(op, "aten.convolution.default") == 0 ? 3 : 2;
+}
+
 static const char *variant_name(const char *op, int v)
 {
 	if (strcmp(op, "aten.convolution.default") == 0)
-		return v == 0 ? "tiled im2col" : "whole-image im2col";
+		return v == 0	? "tiled im2col + GEMM template"
+		       : v == 1 ? "whole-image im2col + BLAS"
+				: "tiled im2col + BLAS";
 	return v == 0 ? "row blocks" : "row and column blocks";
 }
 
@@ -420,46 +435,68 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 			kiln_graph_free(sg);
 			continue;
 		}
-		/* the variants' kernels: the same text, nothing to choose */
-		char *text[2] = {NULL, NULL};
-		bool differ = true;
-		for (int v = 0; v < 2 && differ; v++) {
+		/* the variants' kernels: those that give the same text as
+		 * an earlier one drop out; one left, nothing to choose */
+		int nv = n_variants(g->nodes[ni].op), nd = 0;
+		int8_t vs[MAX_VARIANTS];
+		char *text[MAX_VARIANTS] = {NULL};
+		for (int v = 0; v < nv; v++) {
 			int8_t t1 = (int8_t)v;
 			if (kiln__compile_tuned(kc, sg, &t1, NULL, NULL,
-						&text[v], KILN_EMIT_KERNELS,
+						&text[nd], KILN_EMIT_KERNELS,
 						NULL, err, sizeof(err)) != 0)
-				differ = false;
+				continue;
+			bool dup = false;
+			for (int d = 0; d < nd && !dup; d++)
+				dup = strcmp(text[d], text[nd]) == 0;
+			if (dup) {
+				free(text[nd]);
+				text[nd] = NULL;
+			} else {
+				vs[nd++] = t1;
+			}
 		}
-		if (differ)
-			differ = strcmp(text[0], text[1]) != 0;
-		free(text[0]);
-		free(text[1]);
+		for (int d = 0; d < nd; d++)
+			free(text[d]);
 		int8_t best = -1;
 		char w[KILN_TUNE_WHY] = "";
-		if (differ) {
-			double ms[2] = {-1, -1};
-			kiln_artifact_t *a[2] = {NULL, NULL};
+		if (nd > 1) {
+			double ms[MAX_VARIANTS];
+			kiln_artifact_t *a[MAX_VARIANTS] = {NULL};
 			bool built = true;
-			for (int v = 0; v < 2 && built; v++) {
-				int8_t t1 = (int8_t)v;
+			for (int d = 0; d < nd && built; d++)
 				built = kiln__compile_tuned(
-					    kc, sg, &t1, NULL, &a[v], NULL,
+					    kc, sg, &vs[d], NULL, &a[d], NULL,
 					    KILN_EMIT_ARTIFACT, NULL, err,
 					    sizeof(err)) == 0;
-			}
-			if (built)
-				time_pair(a, sg, ms);
-			kiln_artifact_free(a[0]);
-			kiln_artifact_free(a[1]);
-			if (ms[0] >= 0 && ms[1] >= 0) {
-				best = ms[1] < ms[0] ? 1 : 0;
-				snprintf(
+			if (built) {
+				time_variants(a, nd, sg, ms);
+				int len = snprintf(
 				    w, sizeof(w),
-				    "chosen by measurement (max-autotune): "
-				    "%s %.3f ms, %s %.3f ms",
-				    variant_name(g->nodes[ni].op, 0), ms[0],
-				    variant_name(g->nodes[ni].op, 1), ms[1]);
+				    "chosen by measurement (max-autotune):");
+				int bi = 0;
+				for (int d = 0; d < nd; d++) {
+					if (ms[d] < 0)
+						bi = -1;
+					else if (bi >= 0 && ms[d] < ms[bi])
+						bi = d;
+					if (len >= 0 && (size_t)len < sizeof(w))
+						len += snprintf(
+						    w + len,
+						    sizeof(w) - (size_t)len,
+						    "%s %s %.3f ms",
+						    d ? "," : "",
+						    variant_name(
+							g->nodes[ni].op, vs[d]),
+						    ms[d]);
+				}
+				if (bi >= 0)
+					best = vs[bi];
+				else
+					w[0] = '\0';
 			}
+			for (int d = 0; d < nd; d++)
+				kiln_artifact_free(a[d]);
 		}
 		cache_put(cache, sb.data, sb.size, best, w);
 		tune[ni] = best;

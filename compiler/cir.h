@@ -166,6 +166,7 @@ typedef struct convspec {
 	int64_t N, C, H, W, O, KH, KW, OH, OW;
 	int64_t s[2], p[2], d[2];
 	int64_t rows; /* output rows per tile of columns */
+	bool tmpl;    /* the product by codegen's GEMM template, not BLAS */
 } convspec_t;
 
 /* ---- kernels ------------------------------------------------------------- */
@@ -217,7 +218,7 @@ typedef struct cctx {
 	/* max-autotune: per graph node, the template variant (-1: the
 	 * heuristic) and why (compiler/internal_tune.h), or NULL */
 	const int8_t *tune;
-	char (*tune_why)[160];
+	char (*tune_why)[256]; /* KILN_TUNE_WHY (internal_tune.h) */
 	const kiln_graph_t *g;
 	const kiln_target_t *target;
 	char *err;
@@ -362,6 +363,10 @@ int sched_graph(cctx_t *c);
  * pointwise kernel takes whole in one unit */
 #define CG_GEMM_MB  64
 #define CG_PW_CHUNK 8192
+/* codegen.c's GEMM template: register tiles of CG_TG_MR rows by CG_TG_NR
+ * columns (f32, 16-lane vectors) */
+#define CG_TG_MR 8
+#define CG_TG_NR 32
 /* codegen.c: the column block of a BLAS product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);

@@ -1825,6 +1825,12 @@ static LLVMValueRef imax(gen_t *g, LLVMValueRef a, LLVMValueRef b)
 			       a, b, "");
 }
 
+static LLVMValueRef imin(gen_t *g, LLVMValueRef a, LLVMValueRef b)
+{
+	return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, a, b, ""),
+			       a, b, "");
+}
+
 /* cblas_?gemm(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
  * through the pointer fn (blas_fn); sizes are i64 values, ta/tb i32 (111:
  * no transpose, 112: transpose). */
@@ -1855,6 +1861,152 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
 			      g->i32, et,     g->ptr, g->i32};
 	LLVMTypeRef ft = LLVMFunctionType(g->voidt, pt, 14, 0);
 	LLVMBuildCall2(g->b, ft, fn, args, 14, "");
+}
+
+/* ---- the GEMM template: a register-tiled f32 micro-kernel ---------------
+ *
+ * C[M, N] = A[M, K] @ B[K, N], all three row-major with unit stride along
+ * their last dim (lda, ldb, ldc the row strides; M static). C is tiled in
+ * blocks of TG_MR rows by TG_NV vectors of columns; each block keeps its
+ * TG_MR·TG_NV accumulators in registers for the whole of K: per k, TG_NV
+ * vector loads of B's row k and TG_MR broadcasts of A's column k feed
+ * TG_MR·TG_NV FMAs (8 x 2 x 16 lanes on AVX-512: 16 accumulators, 10 loads
+ * per 16 FMAs). Column tails are masked (B loads and C stores), so any N
+ * works. When TG_MR does not divide M the last row block overlaps the one
+ * before it (it writes the same values again); an M under TG_MR is one
+ * block of M rows. One block's code in all, which keeps the template's
+ * compile cost at about 10-15 ms per convolution kernel (a separate
+ * 1-row remainder loop and blocks of K doubled it). The column panel is
+ * the outer loop: B's K x 32 floats stay in L2 while every row block
+ * passes over them. Blocking K by 128 or 256 (so that B's block stays in
+ * L1; C then accumulates across blocks) measured no faster on resnet18's
+ * 3x3 layers (K = 576 to 2304) and was left out; so was unrolling k by 4
+ * in the IR. */
+#define TG_MR CG_TG_MR
+#define TG_NV 2 /* vectors: CG_TG_NR columns at 16 lanes */
+
+/* Element (i, v·vw) of a row-major block with row stride ld. */
+static LLVMValueRef tg_off(gen_t *g, int i, int v, int vw, LLVMValueRef ld)
+{
+	return LLVMBuildAdd(
+	    g->b,
+	    LLVMBuildMul(g->b, LLVMConstInt(g->i64, (uint64_t)i, 0), ld, ""),
+	    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0), "");
+}
+
+static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
+			LLVMValueRef lda, LLVMValueRef bc, LLVMValueRef ldb,
+			LLVMValueRef cr, LLVMValueRef ldc,
+			const LLVMValueRef *mask, int vw)
+{
+	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, (unsigned)vw);
+	LLVMTypeRef over[2] = {vt, g->ptr};
+	LLVMValueRef acc[TG_MR][TG_NV];
+	for (int i = 0; i < mr; i++)
+		for (int v = 0; v < TG_NV; v++) {
+			acc[i][v] = entry_alloca(g, vt);
+			LLVMBuildStore(g->b, LLVMConstNull(vt), acc[i][v]);
+		}
+	loop_t Kl;
+	loop_begin(g, &Kl, LLVMConstInt(g->i64, 0, 0), K, 1);
+	LLVMValueRef brow = LLVMBuildMul(g->b, Kl.i, ldb, "");
+	LLVMValueRef bv[TG_NV];
+	for (int v = 0; v < TG_NV; v++) {
+		LLVMValueRef o = LLVMBuildAdd(
+		    g->b, brow, LLVMConstInt(g->i64, (uint64_t)(v * vw), 0),
+		    "");
+		LLVMValueRef args[4] = {LLVMBuildGEP2(g->b, et, bc, &o, 1, ""),
+					LLVMConstInt(g->i32, 4, 0), mask[v],
+					LLVMConstNull(vt)};
+		bv[v] = cg_intr(g, "llvm.masked.load", over, 2, args, 4);
+	}
+	for (int i = 0; i < mr; i++) {
+		LLVMValueRef o = LLVMBuildAdd(
+		    g->b,
+		    LLVMBuildMul(g->b, LLVMConstInt(g->i64, (uint64_t)i, 0),
+				 lda, ""),
+		    Kl.i, "");
+		LLVMValueRef as = cg_splat(
+		    g,
+		    LLVMBuildLoad2(g->b, et,
+				   LLVMBuildGEP2(g->b, et, ar, &o, 1, ""), ""),
+		    vw);
+		for (int v = 0; v < TG_NV; v++) {
+			LLVMValueRef fa[3] = {
+			    as, bv[v], LLVMBuildLoad2(g->b, vt, acc[i][v], "")};
+			LLVMBuildStore(g->b,
+				       cg_intr(g, "llvm.fma", &vt, 1, fa, 3),
+				       acc[i][v]);
+		}
+	}
+	loop_end(g, &Kl);
+	for (int i = 0; i < mr; i++)
+		for (int v = 0; v < TG_NV; v++) {
+			LLVMValueRef o = tg_off(g, i, v, vw, ldc);
+			LLVMValueRef args[4] = {
+			    LLVMBuildLoad2(g->b, vt, acc[i][v], ""),
+			    LLVMBuildGEP2(g->b, et, cr, &o, 1, ""),
+			    LLVMConstInt(g->i32, 4, 0), mask[v]};
+			cg_intr(g, "llvm.masked.store", over, 2, args, 4);
+		}
+}
+
+static void tgemm(gen_t *g, int64_t M, LLVMValueRef N, LLVMValueRef K,
+		  LLVMValueRef a, LLVMValueRef lda, LLVMValueRef b,
+		  LLVMValueRef ldb, LLVMValueRef c, LLVMValueRef ldc)
+{
+	LLVMTypeRef et = g->f32;
+	int vw = g->c->vec_width;
+	int64_t nr = (int64_t)vw * TG_NV;
+	if (M < 1)
+		return;
+	/* whole steps of nr up to N rounded up (the masks cut the last) */
+	loop_t J;
+	loop_begin(g, &J, LLVMConstInt(g->i64, 0, 0),
+		   LLVMBuildAdd(g->b, N,
+				LLVMConstInt(g->i64, (uint64_t)nr - 1, 0), ""),
+		   nr);
+	/* vector v's mask: the low min(max(N - j, 0), vw) bits */
+	LLVMValueRef mask[TG_NV];
+	LLVMTypeRef mt = LLVMIntTypeInContext(g->ctx, (unsigned)vw);
+	for (int v = 0; v < TG_NV; v++) {
+		LLVMValueRef left = LLVMBuildSub(
+		    g->b, N,
+		    LLVMBuildAdd(g->b, J.i,
+				 LLVMConstInt(g->i64, (uint64_t)(v * vw), 0),
+				 ""),
+		    "");
+		left = imax(
+		    g, imin(g, left, LLVMConstInt(g->i64, (uint64_t)vw, 0)),
+		    LLVMConstInt(g->i64, 0, 0));
+		/* (1 << left) - 1 in i64, then truncated */
+		LLVMValueRef bits = LLVMBuildSub(
+		    g->b,
+		    LLVMBuildShl(g->b, LLVMConstInt(g->i64, 1, 0), left, ""),
+		    LLVMConstInt(g->i64, 1, 0), "");
+		mask[v] =
+		    LLVMBuildBitCast(g->b, LLVMBuildTrunc(g->b, bits, mt, ""),
+				     LLVMVectorType(g->i1, (unsigned)vw), "");
+	}
+	LLVMValueRef bc = LLVMBuildGEP2(g->b, et, b, &J.i, 1, "");
+	LLVMValueRef cc = LLVMBuildGEP2(g->b, et, c, &J.i, 1, "");
+	int mr = M < TG_MR ? (int)M : TG_MR;
+	int64_t nblk = (M + mr - 1) / mr;
+	loop_t I;
+	loop_begin(g, &I, LLVMConstInt(g->i64, 0, 0),
+		   LLVMConstInt(g->i64, (uint64_t)nblk, 0), 1);
+	/* block i's first row: i·mr, the last block's M - mr */
+	LLVMValueRef r0 = imin(
+	    g,
+	    LLVMBuildMul(g->b, I.i, LLVMConstInt(g->i64, (uint64_t)mr, 0), ""),
+	    LLVMConstInt(g->i64, (uint64_t)(M - mr), 0));
+	LLVMValueRef ao = LLVMBuildMul(g->b, r0, lda, "");
+	LLVMValueRef co = LLVMBuildMul(g->b, r0, ldc, "");
+	tgemm_block(g, mr, K, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda, bc,
+		    ldb, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""), ldc, mask,
+		    vw);
+	loop_end(g, &I);
+	loop_end(g, &J);
 }
 
 /* One unit: rows [m0, m0 + MB) of batch bi. Operand layout per matrix:
@@ -2035,12 +2187,6 @@ static LLVMValueRef K64(gen_t *g, int64_t v)
 	return LLVMConstInt(g->i64, (uint64_t)v, 1);
 }
 
-static LLVMValueRef imin(gen_t *g, LLVMValueRef a, LLVMValueRef b)
-{
-	return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, a, b, ""),
-			       a, b, "");
-}
-
 static int64_t conv_tiles(const convspec_t *cs)
 {
 	return (cs->OH + cs->rows - 1) / cs->rows;
@@ -2054,8 +2200,8 @@ static int64_t conv_tiles(const convspec_t *cs)
  * loads (0 where the tap falls in the padding; the vector past the row's
  * end lands on the next row's start, written after it, or on the
  * scratch's one vector of slack); otherwise zeros, a strided gather and
- * zeros again; then one ?gemm out[n, :, tile] = W @ col with
- * ldc = OH·OW. */
+ * zeros again; then out[n, :, tile] = W @ col with ldc = OH·OW, by the
+ * GEMM template (tgemm, when ops_conv.c chose it) or one ?gemm call. */
 static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 {
 	cctx_t *c = g->c;
@@ -2084,7 +2230,9 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	bool unit_w = dim_is(xt->strides[3], 1) && cs->s[1] == 1;
 	LLVMValueRef xp = buf_ptr(g, xt->buf), wp = buf_ptr(g, wt->buf),
 		     op = buf_ptr(g, n->buf);
-	LLVMValueRef fn = blas_fn(g, f64);
+	/* the product: the GEMM template (ops_conv.c chose it) or BLAS */
+	bool tmpl = cs->tmpl && !f64 && vw > 1;
+	LLVMValueRef fn = tmpl ? NULL : blas_fn(g, f64);
 	LLVMValueRef zero8 = LLVMConstInt(g->i8, 0, 0);
 
 	loop_t U;
@@ -2243,14 +2391,24 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_gemm");
 	LLVMBasicBlockRef skip =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "conv_skip");
-	LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, fn, ""), call, skip);
-	LLVMPositionBuilderAtEnd(g->b, call);
-	LLVMValueRef nt = LLVMConstInt(g->i32, 111, 0); /* no transpose */
-	LLVMValueRef mnk[3] = {K64(g, cs->O), pt, K64(g, CKK)};
-	blas_call(g, fn, f64, nt, nt, mnk,
-		  LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""),
-		  imax(g, lda, K64(g, CKK)), sp, imax(g, pt, K64(g, 1)),
-		  LLVMBuildGEP2(g->b, et, op, &coff, 1, ""), K64(g, P));
+	if (tmpl) {
+		LLVMBuildBr(g->b, call);
+		LLVMPositionBuilderAtEnd(g->b, call);
+		tgemm(g, cs->O, pt, K64(g, CKK),
+		      LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""), lda, sp, pt,
+		      LLVMBuildGEP2(g->b, et, op, &coff, 1, ""), K64(g, P));
+	} else {
+		LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, fn, ""), call,
+				skip);
+		LLVMPositionBuilderAtEnd(g->b, call);
+		LLVMValueRef nt =
+		    LLVMConstInt(g->i32, 111, 0); /* no transpose */
+		LLVMValueRef mnk[3] = {K64(g, cs->O), pt, K64(g, CKK)};
+		blas_call(g, fn, f64, nt, nt, mnk,
+			  LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""),
+			  imax(g, lda, K64(g, CKK)), sp, imax(g, pt, K64(g, 1)),
+			  LLVMBuildGEP2(g->b, et, op, &coff, 1, ""), K64(g, P));
+	}
 	LLVMBuildBr(g->b, skip);
 	LLVMPositionBuilderAtEnd(g->b, skip);
 	loop_end(g, &U);

@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#define KILN_TUNE_WHY 160 /* a decision's text, as --emit=kernels shows it */
+#define KILN_TUNE_WHY 256 /* a decision's text, as --emit=kernels shows it */
 
 typedef struct kiln_tune_cache kiln_tune_cache_t;
 

@@ -2,13 +2,15 @@
  * kilnc.c — the compiler without the daemon, for people and for tests.
  *
  *   kilnc GRAPH [--emit=summary|graph|kernels|llvm|llvm-raw|asm|artifact]
- *               [-o FILE] [--run IO] [--interp IO] [--bench] [--signature]
+ *               [-o FILE] [--run IO] [--interp IO] [--bench] [--profile]
+ *               [--signature]
  *
  * --run IO compiles, loads the artifact with the runtime, runs it on the
  * inputs of an io file (tests/data/README.md) and compares with its
  * outputs; fallback steps run in the reference interpreter. --interp IO
  * does the same with the interpreter alone. --bench times the compile
- * (median of 5) and, with --run, the run.
+ * (median of 5) and, with --run, the run. --profile (with --run) times
+ * each plan step over 20 runs and lists the steps that take the most.
  *
  * Exit codes: 0 success; 1 the input is invalid, the compile failed, or a
  * result differs from the expected one; 2 usage.
@@ -37,6 +39,7 @@ static void usage(FILE *f)
 	    "  --run IO             compile, run on IO's inputs, compare\n"
 	    "  --interp IO          run the reference interpreter on IO\n"
 	    "  --bench              time the compile (and the run)\n"
+	    "  --profile            with --run: time each plan step\n"
 	    "  --signature          print the signature (64 hex chars)\n"
 	    "  --structure          with --signature: the structure hash\n"
 	    "  --target=T           cpu (default) or cuda:sm_NN\n"
@@ -57,6 +60,71 @@ static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 	return x < y ? -1 : x > y;
+}
+
+static bool g_profile; /* --profile */
+
+typedef struct prof_row {
+	double ms;
+	uint32_t step;
+} prof_row_t;
+
+static int cmp_prof(const void *a, const void *b)
+{
+	double x = ((const prof_row_t *)a)->ms, y = ((const prof_row_t *)b)->ms;
+	return x > y ? -1 : x < y;
+}
+
+/* --profile: each step's mean time over 20 runs, the costliest first (at
+ * most 25 lines), with the kernel it runs (kilnc --emit=kernels describes
+ * it) or "fallback". */
+static void profile_run(kiln_module_t *m, const kiln_artifact_t *a,
+			const kiln_io_t *args, uint32_t n_args, void **bufs,
+			kiln_io_t *outs, FILE *out)
+{
+	enum { RUNS = 20, SHOWN = 25 };
+	uint32_t ns = kiln_module_n_steps(m);
+	double *ms = calloc(ns + 1, sizeof(double));
+	prof_row_t *row = calloc(ns + 1, sizeof(*row));
+	if (ms == NULL || row == NULL) {
+		free(ms);
+		free(row);
+		return;
+	}
+	kiln_run_opts_t ro = {.fallback = kiln_interp_fallback, .step_ms = ms};
+	char err[512] = "";
+	double t0 = now_ms();
+	for (int r = 0; r < RUNS; r++)
+		if (kiln_module_run(m, args, n_args, bufs, outs, &ro, err,
+				    sizeof(err)) != 0) {
+			fprintf(out, "profile: run failed: %s\n", err);
+			free(ms);
+			free(row);
+			return;
+		}
+	double total = (now_ms() - t0) / RUNS, steps = 0;
+	for (uint32_t s = 0; s < ns; s++) {
+		row[s].ms = ms[s] / RUNS;
+		row[s].step = s;
+		steps += row[s].ms;
+	}
+	qsort(row, ns, sizeof(*row), cmp_prof);
+	fprintf(out,
+		"profile: %.3f ms per run over %d runs, %.3f ms in %u steps\n"
+		"  step  kernel              ms       %%\n",
+		total, RUNS, steps, ns);
+	for (uint32_t i = 0; i < ns && i < SHOWN; i++) {
+		const kiln_art_step_t *st = &a->steps[row[i].step];
+		const char *name = st->kind == KILN_STEP_FALLBACK
+				       ? "fallback"
+				       : a->kernels[st->kernel].name;
+		fprintf(out, "  %4u  %-16s %8.3f %6.1f\n", row[i].step, name,
+			row[i].ms, steps > 0 ? 100.0 * row[i].ms / steps : 0.0);
+	}
+	if (ns > SHOWN)
+		fprintf(out, "  (%u more steps)\n", ns - SHOWN);
+	free(ms);
+	free(row);
 }
 
 static void summary(FILE *out, const kiln_graph_t *g)
@@ -160,7 +228,7 @@ static int run_io(kiln_artifact_t *a, const kiln_graph_t *g, kiln_td_io_t *iop,
 	uint32_t nout = kiln_module_n_outputs(m);
 	void **bufs = calloc(nob + 1, sizeof(void *));
 	kiln_io_t *outs = calloc(nout + 1, sizeof(*outs));
-	kiln_run_opts_t ro = {NULL, kiln_interp_fallback, NULL};
+	kiln_run_opts_t ro = {.fallback = kiln_interp_fallback};
 	int status = 0;
 	rc = kiln_module_run(m, args, g->n_inputs, bufs, outs, &ro, err,
 			     sizeof(err));
@@ -222,6 +290,8 @@ static int run_io(kiln_artifact_t *a, const kiln_graph_t *g, kiln_td_io_t *iop,
 			"run%s\n",
 			t[10], t[0], inner, inner == 1 ? "" : "s");
 	}
+	if (g_profile && rc == 0)
+		profile_run(m, a, args, g->n_inputs, bufs, outs, out);
 	for (uint32_t i = 0; i < nob; i++)
 		free(bufs[i]);
 	free(bufs);
@@ -359,6 +429,8 @@ int main(int argc, char **argv)
 			structure = true;
 		} else if (strcmp(a, "--bench") == 0) {
 			bench = true;
+		} else if (strcmp(a, "--profile") == 0) {
+			g_profile = true;
 		} else if (strcmp(a, "--run") == 0 && i + 1 < argc) {
 			runio = argv[++i];
 		} else if (strcmp(a, "--interp") == 0 && i + 1 < argc) {
@@ -398,6 +470,11 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kilnc: more than one GRAPH given\n");
 			return 2;
 		}
+	}
+	if (g_profile && runio == NULL) {
+		fprintf(stderr, "kilnc: --profile needs --run IO (it times "
+				"the run's plan steps)\n");
+		return 2;
 	}
 	if (path != NULL && strstr(path, ".cases.msgpack") != NULL) {
 		char err[512];

@@ -173,6 +173,22 @@ static int im2col(lnode_t *n, lt_t *x, const conv_t *cv, kiln_dtype_t acc,
 #define CONV_TILE_MIN_COLS  128
 #define CONV_TILE_MIN_UNITS 8
 
+/* Whether the tiled template's product is codegen's register-tiled GEMM
+ * template (tgemm: f32 on 16-lane vectors) rather than BLAS. Measured
+ * with max-autotune on resnet18's 3x3 layers at batch 16 (2 threads),
+ * tiled + template against the best BLAS form: 64->64 at 56^2 20.4 vs
+ * 39.8 (whole-image) and 17.5 vs 20.9 ms (tiled + BLAS), 128->128 at 28^2
+ * (112 columns) 20.1 vs 24.7, 256->256 at 14^2 (56 columns) 22.0 vs 26.7,
+ * 128->256 s2 10.7 vs 10.9, 512->512 at 7^2 (28 columns) 21.2 vs 21.8:
+ * the template keeps its speed on narrow tiles, so with it a tile needs
+ * only one register tile's width (CG_TG_NR columns), not
+ * CONV_TILE_MIN_COLS. */
+static bool conv_template(const cctx_t *c, const lnode_t *n, kiln_dtype_t acc)
+{
+	return acc == KILN_DT_F32 && c->vec_width == 16 &&
+	       !(c->tune != NULL && c->tune[n->index] == 2);
+}
+
 /* Output rows per tile: as many as fit CONV_TILE_BYTES, 1 to OH. */
 static int64_t conv_tile_rows(int64_t ckk, int64_t oh, int64_t ow,
 			      kiln_dtype_t acc)
@@ -243,14 +259,16 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 		cs->d[k] = cv->d[k];
 	}
 	cs->rows = conv_tile_rows(CKK, OH, OW, acc);
+	cs->tmpl = conv_template(c, n, acc);
 	kiln_dim_t sz[4] = {dim_const(N), dim_const(O), dim_const(OH),
 			    dim_const(OW)};
 	return lgemm_node(n, wb, xb, cs, acc, 4, sz, out);
 }
 
 /* Whether a groups == 1 convolution takes the tiled template: the
- * max-autotune choice for the node (variant 0: tiled, 1: whole-image
- * im2col; autotune.c), else the recorded heuristic above. */
+ * max-autotune choice for the node (variant 0: tiled with the GEMM
+ * template, 1: whole-image im2col, 2: tiled with BLAS; autotune.c), else
+ * the recorded heuristic above. */
 static bool conv_use_tiled(cctx_t *c, const lnode_t *n, int64_t CKK, int64_t OH,
 			   int64_t OW, int64_t N, kiln_dtype_t acc)
 {
@@ -260,9 +278,11 @@ static bool conv_use_tiled(cctx_t *c, const lnode_t *n, int64_t CKK, int64_t OH,
 	if (CKK * OW > CONV_TILE_BYTES / esz)
 		return false;
 	if (c->tune != NULL && c->tune[n->index] >= 0)
-		return c->tune[n->index] == 0;
+		return c->tune[n->index] != 1;
 	int64_t rows = conv_tile_rows(CKK, OH, OW, acc);
-	return rows * OW >= CONV_TILE_MIN_COLS &&
+	int64_t min_cols =
+	    conv_template(c, n, acc) ? CG_TG_NR : CONV_TILE_MIN_COLS;
+	return rows * OW >= min_cols &&
 	       N * ((OH + rows - 1) / rows) >= CONV_TILE_MIN_UNITS;
 }
 
@@ -350,7 +370,8 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		if (rc != 0)
 			return rc;
 	} else if (G == 1 && N > 1 && OH * OW < CONV_BATCH_COLS_P &&
-		   !(c->tune != NULL && c->tune[n->index] == 0)) {
+		   !(c->tune != NULL && c->tune[n->index] >= 0 &&
+		     c->tune[n->index] != 1)) {
 		/* small images: the batch goes into the columns, col[(c, kh,
 		 * kw), (n, oh, ow)], and one product W[O, CKK] @ col gives
 		 * [O, N, OH, OW], read back as [N, O, OH, OW] through a view

@@ -708,9 +708,17 @@ char *sched_report(cctx_t *c)
 			const convspec_t *cs = n->conv;
 			bool f64 = c->bufs[n->buf].dtype == KILN_DT_F64;
 			int64_t ckk = cs->C * cs->KH * cs->KW;
-			sb_printf(&s,
-				  "%s: convolution as im2col tiles + BLAS %s ",
-				  k->name, f64 ? "dgemm" : "sgemm");
+			if (cs->tmpl)
+				sb_printf(&s,
+					  "%s: convolution as im2col tiles + "
+					  "GEMM template (%dx%d register "
+					  "tiles) ",
+					  k->name, CG_TG_MR, CG_TG_NR);
+			else
+				sb_printf(&s,
+					  "%s: convolution as im2col tiles + "
+					  "BLAS %s ",
+					  k->name, f64 ? "dgemm" : "sgemm");
 			sb_dims(c, &s, n->frank, n->fsizes, 0);
 			sb_printf(&s,
 				  " K=%lld, tiles of %lld output rows (%lld "

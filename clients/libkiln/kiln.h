@@ -200,12 +200,17 @@ typedef struct kiln_run_opts {
 	kiln_pool_t *pool;	   /* NULL: kiln_pool_default() */
 	kiln_fallback_fn fallback; /* NULL: a fallback step fails the run */
 	void *fallback_user;	   /* passed to fallback as `user` */
+	/* NULL, or kiln_module_n_steps(m) entries: each plan step's wall
+	 * time in ms is added to its entry (kilnc --profile) */
+	double *step_ms;
 } kiln_run_opts_t;
 
 /* The artifact's counts, for sizing the arrays below. */
 uint32_t kiln_module_n_inputs(const kiln_module_t *m);
 uint32_t kiln_module_n_outputs(const kiln_module_t *m);
 uint32_t kiln_module_n_out_buffers(const kiln_module_t *m);
+/* The plan's steps (kernel launches and fallback steps), in run order. */
+uint32_t kiln_module_n_steps(const kiln_module_t *m);
 
 /*
  * Checks the inputs as kiln_module_run does and writes the byte size of each

@@ -33,7 +33,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
+
+static double prof_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 #if defined(__x86_64__)
 #define HOST_EM	     EM_X86_64
@@ -339,6 +347,11 @@ uint32_t kiln_module_n_outputs(const kiln_module_t *m)
 uint32_t kiln_module_n_out_buffers(const kiln_module_t *m)
 {
 	return m->a->n_out_buffers;
+}
+
+uint32_t kiln_module_n_steps(const kiln_module_t *m)
+{
+	return m->a->n_steps;
 }
 
 void kiln_module_stats(const kiln_module_t *m, kiln_module_stats_t *out)
@@ -856,28 +869,32 @@ static int execute(kiln_module_t *m, exec_t *x, const kiln_io_t *in,
 		? opts->pool
 		: (a->n_kernels > 0 ? kiln_pool_default() : NULL);
 	bool parallel = kiln_pool_threads(pool) > 1;
+	double *prof = opts != NULL ? opts->step_ms : NULL;
 	for (uint32_t s = 0; s < a->n_steps; s++) {
 		const kiln_art_step_t *st = &a->steps[s];
+		double t0 = prof != NULL ? prof_ms() : 0;
 		if (st->kind == KILN_STEP_FALLBACK) {
 			int rc = run_fallback(m, x, s, opts, err, errlen);
 			if (rc != 0)
 				return rc;
-			continue;
-		}
-		int64_t ext = x->extents[st->kernel];
-		if (ext <= 0)
-			continue;
-		for (uint32_t j = 0; j < st->n_bufs; j++)
-			x->argv[j] = x->bufp[st->bufs[j]];
-		kiln_kernel_fn fn = m->fns[st->kernel];
-		int64_t grain = a->kernels[st->kernel].grain;
-		if (!parallel || ext <= grain) {
-			fn(x->argv, x->syms, 0, ext);
 		} else {
-			kstep_t k = {fn, x->argv, x->syms};
-			kiln_pool_parallel_for(pool, ext, grain, kernel_range,
-					       &k);
+			int64_t ext = x->extents[st->kernel];
+			if (ext <= 0)
+				continue;
+			for (uint32_t j = 0; j < st->n_bufs; j++)
+				x->argv[j] = x->bufp[st->bufs[j]];
+			kiln_kernel_fn fn = m->fns[st->kernel];
+			int64_t grain = a->kernels[st->kernel].grain;
+			if (!parallel || ext <= grain) {
+				fn(x->argv, x->syms, 0, ext);
+			} else {
+				kstep_t k = {fn, x->argv, x->syms};
+				kiln_pool_parallel_for(pool, ext, grain,
+						       kernel_range, &k);
+			}
 		}
+		if (prof != NULL)
+			prof[s] += prof_ms() - t0;
 	}
 	/* outputs */
 	for (uint32_t i = 0; i < a->n_outputs; i++) {

@@ -317,7 +317,7 @@ int main(int argc, char **argv)
 			uint32_t nob = kiln_module_n_out_buffers(m);
 			void *ob[4] = {NULL, NULL, NULL, NULL};
 			kiln_io_t outs[4];
-			kiln_run_opts_t ro = {pool, NULL, NULL};
+			kiln_run_opts_t ro = {.pool = pool};
 			/* twice: outputs reused across runs (the memcpy
 			 * comparison: neither side touches fresh memory), and
 			 * outputs allocated by the runtime on every run (as

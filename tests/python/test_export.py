@@ -727,6 +727,39 @@ def test_kilnc_roundtrip(kilnc, path, tmp_path):
     assert _signature(kilnc, path) == _signature(kilnc, out)
 
 
+def test_kilnc_profile_times_every_step(kilnc):
+    g = os.path.join(CORPUS_DIR, "mlp_fwd.graph.msgpack")
+    io = os.path.join(CORPUS_DIR, "mlp_fwd.io.msgpack")
+    r = _run([kilnc, g, "--run", io, "--profile"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    head = [i for i, l in enumerate(lines) if l.startswith("profile: ")]
+    assert len(head) == 1, r.stdout
+    m = re.match(r"profile: ([0-9.]+) ms per run over 20 runs, ([0-9.]+) ms in (\d+) steps",
+                 lines[head[0]])
+    assert m, lines[head[0]]
+    n = int(m.group(3))
+    rows = lines[head[0] + 2:head[0] + 2 + n]
+    assert 0 < n <= 25 and len(rows) == n, r.stdout
+    steps, ms, pct = [], [], 0.0
+    for row in rows:
+        f = row.split()
+        assert re.fullmatch(r"kiln_k\d+|fallback", f[1]), row
+        steps.append(int(f[0]))
+        ms.append(float(f[2]))
+        pct += float(f[3])
+    assert sorted(steps) == list(range(n))  # every step once
+    assert ms == sorted(ms, reverse=True)  # the costliest first
+    assert abs(pct - 100.0) < 0.5 * n  # rounded shares of the whole
+
+
+def test_kilnc_profile_without_run_is_a_usage_error(kilnc):
+    g = os.path.join(CORPUS_DIR, "mlp_fwd.graph.msgpack")
+    r = _run([kilnc, g, "--profile"])
+    assert r.returncode == 2
+    assert "--profile needs --run IO" in r.stderr
+
+
 def _write(tmp_path, name, g):
     p = tmp_path / name
     p.write_bytes(msgpack.packb(g, use_bin_type=True))

@@ -60,7 +60,7 @@ static int run_once(kiln_compiler_t *kc, const kiln_graph_t *g,
 	uint32_t nob = kiln_module_n_out_buffers(m);
 	void **bufs = calloc(nob + 1, sizeof(void *));
 	kiln_io_t *outs = calloc(kiln_module_n_outputs(m) + 1, sizeof(*outs));
-	kiln_run_opts_t ro = {NULL, kiln_interp_fallback, NULL};
+	kiln_run_opts_t ro = {.fallback = kiln_interp_fallback};
 	if (kiln_module_run(m, args, g->n_inputs, bufs, outs, &ro, err,
 			    sizeof(err)) != 0) {
 		snprintf(msg, msglen, "run: %s", err);

@@ -112,7 +112,7 @@ static void check(kiln_compiler_t *kc, const kiln_graph_t *g, kiln_td_io_t *io,
 	}
 	bufs = calloc(kiln_module_n_out_buffers(m) + 1, sizeof(void *));
 	outs = calloc(kiln_module_n_outputs(m) + 1, sizeof(*outs));
-	kiln_run_opts_t ro = {NULL, kiln_interp_fallback, NULL};
+	kiln_run_opts_t ro = {.fallback = kiln_interp_fallback};
 	rc = kiln_module_run(m, args, g->n_inputs, bufs, outs, &ro, err,
 			     sizeof(err));
 	if (rc != 0) {
@@ -644,6 +644,34 @@ Test(conv, tiled_template_matches_the_interpreter)
 	kiln_compiler_free(kc);
 }
 
+/* The GEMM template (codegen.c tgemm, the tiled template's product on
+ * f32 with 16-lane vectors): a last block of 8 rows that overlaps the one
+ * before it (O = 13, 70), fewer rows than one block (O = 6), tiles whose
+ * columns are no multiple of its 32 (37·rows, 175), K = 315, 180 and 45,
+ * stride 2. On a target without AVX-512 the product is BLAS's, which must
+ * agree too. */
+Test(conv, gemm_template_matches_the_interpreter)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const convcase_t cases[] = {
+	    {"f32", 3, 35, 24, 37, 13, 3, {1, 1}, {1, 1}, {1, 1}, false},
+	    {"f32", 8, 20, 9, 70, 70, 3, {2, 2}, {1, 1}, {1, 1}, false},
+	    {"f32", 9, 5, 40, 40, 6, 3, {1, 1}, {1, 1}, {1, 1}, false},
+	};
+	bool avx512 = __builtin_cpu_supports("avx512f");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *rep = NULL;
+		check_conv_case(kc, &cases[i], "default", &rep);
+		cr_expect(strstr(rep, "im2col tiles") != NULL, "%s", rep);
+		cr_expect(strstr(rep, avx512 ? "GEMM template (8x32 register "
+					       "tiles)"
+					     : "BLAS sgemm") != NULL,
+			  "%s", rep);
+		free(rep);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* mode "max-autotune": a product with a choice (one row block, 1024
  * columns: row blocks alone or row and column blocks) and a convolution
  * (tiled or whole-image im2col) are timed both ways on this machine, the
@@ -754,6 +782,14 @@ Test(autotune, convolution_template_is_chosen_by_measurement, .timeout = 300)
 	cr_expect(strstr(rep, "chosen by measurement (max-autotune): tiled "
 			      "im2col ") != NULL,
 		  "%s", rep);
+	/* with AVX-512 three variants: the GEMM template's, whole-image
+	 * im2col's and BLAS's on the same tiles */
+	if (__builtin_cpu_supports("avx512f"))
+		cr_expect(
+		    strstr(rep, "tiled im2col + GEMM template ") != NULL &&
+			strstr(rep, ", whole-image im2col + BLAS ") != NULL &&
+			strstr(rep, ", tiled im2col + BLAS ") != NULL,
+		    "%s", rep);
 	free(rep);
 	kiln_compiler_free(kc);
 }

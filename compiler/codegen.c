@@ -2409,6 +2409,35 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			  imax(g, lda, K64(g, CKK)), sp, imax(g, pt, K64(g, 1)),
 			  LLVMBuildGEP2(g->b, et, op, &coff, 1, ""), K64(g, P));
 	}
+	if (g->k->has_epilogue) {
+		/* the epilogue (sched.c fuse_epilogues) on the tile's rows of
+		 * each output channel: units (n·O + o)·OH + oh0 .. + nr of
+		 * its [N, O, OH, OW] extent */
+		const kernel_t *ek = g->k + 1;
+		char ename[48];
+		snprintf(ename, sizeof(ename), "%s_body", ek->name);
+		LLVMValueRef ef = LLVMGetNamedFunction(g->mod, ename);
+		LLVMTypeRef eft = LLVMGlobalGetValueType(ef);
+		LLVMValueRef eargs[CG_MAX_ARGS + 3];
+		for (uint32_t i = 0; i < ek->n_args; i++)
+			eargs[i] = buf_ptr(g, ek->args[i]);
+		eargs[ek->n_args] = g->syms;
+		loop_t E;
+		loop_begin(g, &E, K64(g, 0), K64(g, cs->O), 1);
+		LLVMValueRef u0 = LLVMBuildAdd(
+		    g->b,
+		    LLVMBuildMul(
+			g->b,
+			LLVMBuildAdd(g->b,
+				     LLVMBuildMul(g->b, ni, K64(g, cs->O), ""),
+				     E.i, ""),
+			K64(g, cs->OH), ""),
+		    oh0, "");
+		eargs[ek->n_args + 1] = u0;
+		eargs[ek->n_args + 2] = LLVMBuildAdd(g->b, u0, nr, "");
+		LLVMBuildCall2(g->b, eft, ef, eargs, ek->n_args + 3, "");
+		loop_end(g, &E);
+	}
 	LLVMBuildBr(g->b, skip);
 	LLVMPositionBuilderAtEnd(g->b, skip);
 	loop_end(g, &U);
@@ -2479,7 +2508,7 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	if (k->is_gemm) {
 		const cnode_t *gn = &c->nodes[k->members[0].node];
 		g->n_args = 0;
-		if (!k->has_epilogue)
+		if (!k->has_epilogue || gn->conv != NULL)
 			add_arg(g, gn->buf);
 		add_arg(g, gn->ga->buf);
 		add_arg(g, gn->gb->buf);

@@ -475,9 +475,9 @@ static void fuse_epilogues(cctx_t *c)
 			continue;
 		const cnode_t *n = &c->nodes[gk->members[0].node];
 		cbuf_t *pb = &c->bufs[n->buf];
-		if (n->conv != NULL || cg_gemm_col_block(c, n) > 0 ||
-		    pb->is_output || pb->custom_strides ||
-		    pb->last_use != (int32_t)(ki + 1) ||
+		bool conv = n->conv != NULL;
+		if ((!conv && cg_gemm_col_block(c, n) > 0) || pb->is_output ||
+		    pb->custom_strides || pb->last_use != (int32_t)(ki + 1) ||
 		    (pb->dtype != KILN_DT_F32 && pb->dtype != KILN_DT_F64))
 			continue;
 		bool stat = true;
@@ -500,7 +500,7 @@ static void fuse_epilogues(cctx_t *c)
 		    ek->fsizes[ek->frank - 1].c != ncols || erows != prows)
 			continue;
 		int64_t esz = pb->dtype == KILN_DT_F64 ? 8 : 4;
-		if (CG_GEMM_MB * ncols * esz > EPI_SCRATCH_MAX)
+		if (!conv && CG_GEMM_MB * ncols * esz > EPI_SCRATCH_MAX)
 			continue;
 		struct idscan s = {c, n->buf, ek->frank, {0}, true};
 		int64_t st = 1;
@@ -514,7 +514,10 @@ static void fuse_epilogues(cctx_t *c)
 			continue;
 		gk->has_epilogue = true;
 		ek->is_epilogue = true;
-		pb->in_memory = false;
+		/* a convolution's tile goes to its buffer (an output row block
+		 * of every channel: no whole rows of a scratch), which the
+		 * epilogue reads back while it is in cache */
+		pb->in_memory = conv;
 		/* what the epilogue writes is written while the product runs:
 		 * memplan starts those buffers' lives at the product's step
 		 * (their kernel stays the epilogue's, which its codegen needs
@@ -732,6 +735,12 @@ char *sched_report(cctx_t *c)
 			sb_printf(&s, ", buf%u%s  <- node %d %s\n", n->buf,
 				  c->bufs[n->buf].is_output ? " (output)" : "",
 				  n->node, c->g->nodes[n->node].op);
+			if (k->has_epilogue)
+				sb_printf(&s,
+					  "    epilogue %s on each tile, "
+					  "right after its product (in "
+					  "cache)\n",
+					  c->kernels[ki + 1].name);
 			report_tune(c, &s, n->node);
 			continue;
 		}

@@ -47,7 +47,9 @@ FALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctyp
 
 
 class RunOpts(ctypes.Structure):
-    _fields_ = [("pool", ctypes.c_void_p), ("fallback", FALLBACK), ("user", ctypes.c_void_p)]
+    # kiln.h kiln_run_opts_t, field for field (step_ms: NULL, no profile)
+    _fields_ = [("pool", ctypes.c_void_p), ("fallback", FALLBACK), ("user", ctypes.c_void_p),
+                ("step_ms", ctypes.POINTER(ctypes.c_double))]
 
 
 class KilnError(RuntimeError):

@@ -491,6 +491,9 @@ typedef struct convcase {
 	const char *dt;
 	int64_t N, C, H, W, O, K, s[2], p[2], d[2];
 	bool permuted; /* x arrives as [N, C, W, H] and is permuted */
+	/* y = relu(conv · s + r), s [O, 1, 1], r [N, O, OH, OW]: the
+	 * pointwise kernel after the convolution, its epilogue */
+	bool epilogue;
 } convcase_t;
 
 static void spec4(gb_t *b, const char *dt, const int64_t *d)
@@ -523,17 +526,24 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 	int64_t x4[4] = {cc->N, cc->C, cc->H, cc->W};
 	int64_t w4[4] = {cc->O, cc->C, cc->K, cc->K};
 	int64_t y4[4] = {cc->N, cc->O, OH, OW};
+	int64_t s4[4] = {1, cc->O, 1, 1};
+	uint32_t nin = cc->epilogue ? 4 : 2;
 	gb_t b;
 	gb_init(&b);
 	msgpack_pack_map(&b.pk, 4);
 	s(&b, "format");
 	s(&b, "kiln.graph/1");
 	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_array(&b.pk, nin);
 	spec4(&b, cc->dt, xin);
 	spec4(&b, cc->dt, w4);
+	if (cc->epilogue) {
+		spec4(&b, cc->dt, s4);
+		spec4(&b, cc->dt, y4);
+	}
 	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, cc->permuted ? 2 : 1);
+	msgpack_pack_array(&b.pk,
+			   (cc->permuted ? 2 : 1) + (cc->epilogue ? 3 : 0));
 	if (cc->permuted) {
 		node_head(&b, "aten.permute.default", 2);
 		ref(&b, 0);
@@ -545,8 +555,9 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 		msgpack_pack_array(&b.pk, 1);
 		spec4(&b, cc->dt, x4);
 	}
+	uint32_t v = nin; /* the next value */
 	node_head(&b, "aten.convolution.default", 9);
-	ref(&b, cc->permuted ? 2 : 0);
+	ref(&b, cc->permuted ? v++ : 0);
 	ref(&b, 1);
 	msgpack_pack_nil(&b.pk);
 	ints2(&b, cc->s);
@@ -559,9 +570,22 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	spec4(&b, cc->dt, y4);
+	if (cc->epilogue) {
+		static const char *const ops[3] = {
+		    "aten.mul.Tensor", "aten.add.Tensor", "aten.relu.default"};
+		for (int k = 0; k < 3; k++) {
+			node_head(&b, ops[k], k < 2 ? 2 : 1);
+			ref(&b, v++);
+			if (k < 2)
+				ref(&b, (uint32_t)(2 + k));
+			s(&b, "out");
+			msgpack_pack_array(&b.pk, 1);
+			spec4(&b, cc->dt, y4);
+		}
+	}
 	s(&b, "outputs");
 	msgpack_pack_array(&b.pk, 1);
-	ref(&b, cc->permuted ? 3 : 2);
+	ref(&b, v);
 	kiln_graph_t *g = graph_from_json_like("convolution", &b.sb);
 	char err[512];
 	kiln_compile_opts_t opts;
@@ -585,10 +609,14 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 	cr_assert_eq(rc, 0, "%s", err);
 	kiln_dtype_t dt =
 	    strcmp(cc->dt, "f64") == 0 ? KILN_DT_F64 : KILN_DT_F32;
-	kiln_tensor_t in[2];
+	kiln_tensor_t in[4];
 	cr_assert_eq(kiln_td_tensor_alloc(&in[0], dt, 4, xin), 0);
 	cr_assert_eq(kiln_td_tensor_alloc(&in[1], dt, 4, w4), 0);
-	for (int t = 0; t < 2; t++) {
+	if (cc->epilogue) {
+		cr_assert_eq(kiln_td_tensor_alloc(&in[2], dt, 4, s4), 0);
+		cr_assert_eq(kiln_td_tensor_alloc(&in[3], dt, 4, y4), 0);
+	}
+	for (uint32_t t = 0; t < nin; t++) {
 		int64_t cnt = 1;
 		for (int k = 0; k < 4; k++)
 			cnt *= in[t].sizes[k];
@@ -601,11 +629,12 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 				((float *)in[t].data)[i] = (float)v;
 		}
 	}
-	kiln_io_t args[2] = {{KILN_IO_TENSOR, 0, in[0]},
-			     {KILN_IO_TENSOR, 0, in[1]}};
+	kiln_io_t args[4];
+	for (uint32_t t = 0; t < nin; t++)
+		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
 	void *ob[1] = {NULL};
 	kiln_io_t out[1];
-	rc = kiln_module_run(m, args, 2, ob, out, NULL, err, sizeof(err));
+	rc = kiln_module_run(m, args, nin, ob, out, NULL, err, sizeof(err));
 	cr_assert_eq(rc, 0, "%s", err);
 	kiln_tensor_t want[1];
 	rc = kiln_interp_run(g, in, want, err, sizeof(err));
@@ -620,8 +649,8 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 		  (long long)cc->W, (long long)cc->O, (long long)cc->K, cr.msg);
 	free(want[0].data);
 	free(ob[0]);
-	kiln_td_tensor_free(&in[0]);
-	kiln_td_tensor_free(&in[1]);
+	for (uint32_t t = 0; t < nin; t++)
+		kiln_td_tensor_free(&in[t]);
 	kiln_module_free(m);
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
@@ -632,12 +661,12 @@ Test(conv, tiled_template_matches_the_interpreter)
 	kiln_compiler_t *kc = new_compiler();
 	static const convcase_t cases[] = {
 	    /* 5x5, padding 2: tiles of 8 rows over 20 (8, 8, 4) */
-	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false},
+	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false, false},
 	    /* stride 2, dilation 2 along W, uneven padding: gathers */
-	    {"f32", 4, 32, 30, 70, 6, 3, {2, 2}, {1, 2}, {1, 2}, false},
+	    {"f32", 4, 32, 30, 70, 6, 3, {2, 2}, {1, 2}, {1, 2}, false, false},
 	    /* an input with stride H along W */
-	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, true},
-	    {"f64", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false},
+	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, true, false},
+	    {"f64", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false, false},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		check_conv_case(kc, &cases[i], "default", NULL);
@@ -654,9 +683,9 @@ Test(conv, gemm_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
 	static const convcase_t cases[] = {
-	    {"f32", 3, 35, 24, 37, 13, 3, {1, 1}, {1, 1}, {1, 1}, false},
-	    {"f32", 8, 20, 9, 70, 70, 3, {2, 2}, {1, 1}, {1, 1}, false},
-	    {"f32", 9, 5, 40, 40, 6, 3, {1, 1}, {1, 1}, {1, 1}, false},
+	    {"f32", 3, 35, 24, 37, 13, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
+	    {"f32", 8, 20, 9, 70, 70, 3, {2, 2}, {1, 1}, {1, 1}, false, false},
+	    {"f32", 9, 5, 40, 40, 6, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
 	};
 	bool avx512 = __builtin_cpu_supports("avx512f");
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -669,6 +698,40 @@ Test(conv, gemm_template_matches_the_interpreter)
 			  "%s", rep);
 		free(rep);
 	}
+	kiln_compiler_free(kc);
+}
+
+/* The pointwise kernel after a tiled convolution (a per-channel scale, a
+ * residual add and relu: what eval batchnorm, a ResNet block's shortcut
+ * and its activation lower to) becomes its epilogue, run on each tile
+ * right after its product: one step, the same values as the
+ * interpreter, with the GEMM template and with BLAS (f64), over tiles
+ * whose last one is short and rows of O that end mid-block; and with
+ * KILN_NOFUSE set it stays a step of its own. */
+Test(conv, epilogue_runs_on_each_tile)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const convcase_t cases[] = {
+	    {"f32", 3, 16, 20, 40, 13, 5, {1, 1}, {2, 2}, {1, 1}, false, true},
+	    {"f64", 3, 16, 20, 40, 13, 5, {1, 1}, {2, 2}, {1, 1}, false, true},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char *rep = NULL;
+		check_conv_case(kc, &cases[i], "default", &rep);
+		cr_expect(strstr(rep, "im2col tiles") != NULL, "%s", rep);
+		cr_expect(strstr(rep, "epilogue kiln_k1 on each tile") != NULL,
+			  "%s", rep);
+		cr_expect(strstr(rep, "run by kiln_k0") != NULL, "%s", rep);
+		free(rep);
+	}
+	/* criterion runs each test in a process of its own */
+	setenv("KILN_NOFUSE", "1", 1);
+	char *rep = NULL;
+	check_conv_case(kc, &cases[0], "default", &rep);
+	cr_expect(strstr(rep, "epilogue") == NULL, "%s", rep);
+	cr_expect(strstr(rep, "kiln_k1: pointwise kernel") != NULL, "%s", rep);
+	free(rep);
+	unsetenv("KILN_NOFUSE");
 	kiln_compiler_free(kc);
 }
 
@@ -775,8 +838,8 @@ Test(autotune, convolution_template_is_chosen_by_measurement, .timeout = 300)
 	kiln_compiler_t *kc = new_compiler();
 	/* shapes of conv/tiled_template_matches_the_interpreter's first
 	 * case: both templates apply */
-	convcase_t cc = {"f32", 3,	16,	20,	40,   5,
-			 5,	{1, 1}, {2, 2}, {1, 1}, false};
+	convcase_t cc = {"f32", 3,	16,	20,	40,    5,
+			 5,	{1, 1}, {2, 2}, {1, 1}, false, false};
 	char *rep = NULL;
 	check_conv_case(kc, &cc, "max-autotune", &rep);
 	cr_expect(strstr(rep, "chosen by measurement (max-autotune): tiled "

@@ -392,10 +392,13 @@ static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
 /* A convolution: 0 the tiled template with the GEMM template as its
  * product (ops_conv.c; where the target has none, the same kernels as 2),
  * 1 the whole-image (or batched) im2col and a BLAS product, 2 the tiled
- * template with BLAS. A product: 0 row blocks, 1 row and column blocks. */
+ * template with BLAS. A product: 0 BLAS on row blocks, 1 BLAS on row and
+ * column blocks, 2 the GEMM template (codegen.c cg_gemm_tmpl; where it
+ * does not apply, the same kernels as 0 or 1). */
 static int n_variants(const char *op)
 {
-	return strcmp(op, "aten.convolution.default") == 0 ? 3 : 2;
+	(void)op;
+	return 3;
 }
 
 static const char *variant_name(const char *op, int v)
@@ -404,7 +407,9 @@ static const char *variant_name(const char *op, int v)
 		return v == 0	? "tiled im2col + GEMM template"
 		       : v == 1 ? "whole-image im2col + BLAS"
 				: "tiled im2col + BLAS";
-	return v == 0 ? "row blocks" : "row and column blocks";
+	return v == 0	? "BLAS in row blocks"
+	       : v == 1 ? "BLAS in row and column blocks"
+			: "GEMM template";
 }
 
 int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,

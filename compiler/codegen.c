@@ -1779,6 +1779,51 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
  * blocks alone. */
 #define GEMM_UNITS  32
 #define GEMM_NB_MIN 256
+
+/* max-autotune's variant for a product node (autotune.c: 0 row blocks,
+ * 1 row and column blocks, 2 the GEMM template), else -1 */
+static int gemm_forced(cctx_t *c, const cnode_t *n)
+{
+	if (c->tune == NULL || n->node < 0)
+		return -1;
+	const char *op = c->g->nodes[n->node].op;
+	if (strcmp(op, "aten.mm.default") == 0 ||
+	    strcmp(op, "aten.bmm.default") == 0 ||
+	    strcmp(op, "aten.addmm.default") == 0 ||
+	    strcmp(op, "aten.baddbmm.default") == 0)
+		return c->tune[n->node];
+	return -1;
+}
+
+/* The GEMM template for a product (not BLAS): f32 on 16-lane vectors, B
+ * with unit stride along N; max-autotune's choice, else when the part of
+ * B one unit multiplies (K x its columns) is at most TG_B_MAX, so that it
+ * stays in L2 while the unit's row blocks pass over it (the template does
+ * not pack or block B as BLAS does). Measured with max-autotune (2
+ * threads), template against the best BLAS variant: 256^3 (256 KiB of B)
+ * 0.123 vs 0.131 ms, 2048x64x64 0.053 vs 0.078, 128x64x256 0.014 vs
+ * 0.021, 37x100x77 0.004 both; from 512 KiB it loses: 512^3 in column
+ * blocks of 256 (512 KiB) 1.244 vs 1.018, 64x576x3136 in blocks of 272
+ * (612 KiB) 1.399 vs 1.407, 1024^3 26.5 vs 8.4. */
+#define TG_B_MAX (256 * 1024)
+
+bool cg_gemm_tmpl(cctx_t *c, const cnode_t *n)
+{
+	const lt_t *a = n->ga, *b = n->gb;
+	uint32_t r = b->rank;
+	if (n->conv != NULL || c->bufs[n->buf].dtype != KILN_DT_F32 ||
+	    c->vec_width != 16 || !dim_is(b->strides[r - 1], 1))
+		return false;
+	int f = gemm_forced(c, n);
+	if (f >= 0)
+		return f == 2;
+	kiln_dim_t K = a->sizes[r - 1], N = b->sizes[r - 1];
+	if (K.e != NULL || N.e != NULL)
+		return false;
+	int64_t nb = cg_gemm_col_block(c, n);
+	return K.c * (nb > 0 ? nb : N.c) * 4 <= TG_B_MAX;
+}
+
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 {
 	const lt_t *a = n->ga, *b = n->gb;
@@ -1792,17 +1837,10 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 			return 0;
 		batch = a->sizes[0].c;
 	}
-	/* max-autotune's choice for a product node (autotune.c; variant 0:
-	 * row blocks alone, 1: row and column blocks), else the rule */
-	int forced = -1;
-	if (c->tune != NULL && n->node >= 0) {
-		const char *op = c->g->nodes[n->node].op;
-		if (strcmp(op, "aten.mm.default") == 0 ||
-		    strcmp(op, "aten.bmm.default") == 0 ||
-		    strcmp(op, "aten.addmm.default") == 0 ||
-		    strcmp(op, "aten.baddbmm.default") == 0)
-			forced = c->tune[n->node];
-	}
+	/* max-autotune's choice for a product node (variant 0: row blocks
+	 * alone, 1: row and column blocks; 2, the template, takes the rule),
+	 * else the rule */
+	int forced = gemm_forced(c, n);
 	int64_t units = (M.c + GEMM_MB - 1) / GEMM_MB * (batch > 0 ? batch : 1);
 	if (units <= 0 || forced == 0 || N.c < 2 * GEMM_NB_MIN ||
 	    (units >= GEMM_UNITS && forced != 1))
@@ -1895,8 +1933,8 @@ static LLVMValueRef tg_off(gen_t *g, int i, int v, int vw, LLVMValueRef ld)
 }
 
 static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
-			LLVMValueRef lda, LLVMValueRef bc, LLVMValueRef ldb,
-			LLVMValueRef cr, LLVMValueRef ldc,
+			LLVMValueRef lda, LLVMValueRef sak, LLVMValueRef bc,
+			LLVMValueRef ldb, LLVMValueRef cr, LLVMValueRef ldc,
 			const LLVMValueRef *mask, int vw)
 {
 	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, (unsigned)vw);
@@ -1925,7 +1963,7 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
 		    g->b,
 		    LLVMBuildMul(g->b, LLVMConstInt(g->i64, (uint64_t)i, 0),
 				 lda, ""),
-		    Kl.i, "");
+		    LLVMBuildMul(g->b, Kl.i, sak, ""), "");
 		LLVMValueRef as = cg_splat(
 		    g,
 		    LLVMBuildLoad2(g->b, et,
@@ -1951,14 +1989,46 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
 		}
 }
 
-static void tgemm(gen_t *g, int64_t M, LLVMValueRef N, LLVMValueRef K,
-		  LLVMValueRef a, LLVMValueRef lda, LLVMValueRef b,
-		  LLVMValueRef ldb, LLVMValueRef c, LLVMValueRef ldc)
+/* Row blocks [0, M) of one column panel: blocks of mr rows, the last
+ * one overlapping the one before it (M >= mr). */
+static void tgemm_rows(gen_t *g, int mr, LLVMValueRef M, LLVMValueRef K,
+		       LLVMValueRef a, LLVMValueRef lda, LLVMValueRef sak,
+		       LLVMValueRef bc, LLVMValueRef ldb, LLVMValueRef cc,
+		       LLVMValueRef ldc, const LLVMValueRef *mask, int vw)
+{
+	LLVMTypeRef et = g->f32;
+	LLVMValueRef mrv = LLVMConstInt(g->i64, (uint64_t)mr, 0);
+	LLVMValueRef nblk = LLVMBuildUDiv(
+	    g->b,
+	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, (uint64_t)mr - 1, 0),
+			 ""),
+	    mrv, "");
+	loop_t I;
+	loop_begin(g, &I, LLVMConstInt(g->i64, 0, 0), nblk, 1);
+	/* block i's first row: i·mr, the last block's M - mr */
+	LLVMValueRef r0 = imin(g, LLVMBuildMul(g->b, I.i, mrv, ""),
+			       LLVMBuildSub(g->b, M, mrv, ""));
+	LLVMValueRef ao = LLVMBuildMul(g->b, r0, lda, "");
+	LLVMValueRef co = LLVMBuildMul(g->b, r0, ldc, "");
+	tgemm_block(g, mr, K, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda, sak,
+		    bc, ldb, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""), ldc, mask,
+		    vw);
+	loop_end(g, &I);
+}
+
+/* M: static (ms >= 0; a convolution's O) or only known at run time (ms <
+ * 0; a product's rows per unit): then at least TG_MR rows take the blocks
+ * of TG_MR, fewer go one row at a time (a second, one-row block). A
+ * element (i, k) is a[i·lda + k·sak]. */
+static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
+		  LLVMValueRef K, LLVMValueRef a, LLVMValueRef lda,
+		  LLVMValueRef sak, LLVMValueRef b, LLVMValueRef ldb,
+		  LLVMValueRef c, LLVMValueRef ldc)
 {
 	LLVMTypeRef et = g->f32;
 	int vw = g->c->vec_width;
 	int64_t nr = (int64_t)vw * TG_NV;
-	if (M < 1)
+	if (ms == 0)
 		return;
 	/* whole steps of nr up to N rounded up (the masks cut the last) */
 	loop_t J;
@@ -1990,22 +2060,30 @@ static void tgemm(gen_t *g, int64_t M, LLVMValueRef N, LLVMValueRef K,
 	}
 	LLVMValueRef bc = LLVMBuildGEP2(g->b, et, b, &J.i, 1, "");
 	LLVMValueRef cc = LLVMBuildGEP2(g->b, et, c, &J.i, 1, "");
-	int mr = M < TG_MR ? (int)M : TG_MR;
-	int64_t nblk = (M + mr - 1) / mr;
-	loop_t I;
-	loop_begin(g, &I, LLVMConstInt(g->i64, 0, 0),
-		   LLVMConstInt(g->i64, (uint64_t)nblk, 0), 1);
-	/* block i's first row: i·mr, the last block's M - mr */
-	LLVMValueRef r0 = imin(
-	    g,
-	    LLVMBuildMul(g->b, I.i, LLVMConstInt(g->i64, (uint64_t)mr, 0), ""),
-	    LLVMConstInt(g->i64, (uint64_t)(M - mr), 0));
-	LLVMValueRef ao = LLVMBuildMul(g->b, r0, lda, "");
-	LLVMValueRef co = LLVMBuildMul(g->b, r0, ldc, "");
-	tgemm_block(g, mr, K, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda, bc,
-		    ldb, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""), ldc, mask,
-		    vw);
-	loop_end(g, &I);
+	if (ms >= 0) {
+		tgemm_rows(g, ms < TG_MR ? (int)ms : TG_MR, M, K, a, lda, sak,
+			   bc, ldb, cc, ldc, mask, vw);
+	} else {
+		LLVMBasicBlockRef big =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "tg_blocks");
+		LLVMBasicBlockRef few =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "tg_rows");
+		LLVMBasicBlockRef done =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "tg_done");
+		LLVMBuildCondBr(g->b,
+				LLVMBuildICmp(g->b, LLVMIntSGE, M,
+					      LLVMConstInt(g->i64, TG_MR, 0),
+					      ""),
+				big, few);
+		LLVMPositionBuilderAtEnd(g->b, big);
+		tgemm_rows(g, TG_MR, M, K, a, lda, sak, bc, ldb, cc, ldc, mask,
+			   vw);
+		LLVMBuildBr(g->b, done);
+		LLVMPositionBuilderAtEnd(g->b, few);
+		tgemm_rows(g, 1, M, K, a, lda, sak, bc, ldb, cc, ldc, mask, vw);
+		LLVMBuildBr(g->b, done);
+		LLVMPositionBuilderAtEnd(g->b, done);
+	}
 	loop_end(g, &J);
 }
 
@@ -2055,7 +2133,9 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			   g->i64,
 			   (uint64_t)((b->sizes[r - 1].c + nb_c - 1) / nb_c), 0)
 		     : one;
-	LLVMValueRef fn = blas_fn(g, f64);
+	/* the product of a unit: the GEMM template, or BLAS */
+	bool tmpl = cg_gemm_tmpl(c, n);
+	LLVMValueRef fn = tmpl ? NULL : blas_fn(g, f64);
 	/* with an epilogue: each 64-row block goes to a scratch, and the
 	 * epilogue runs on those rows (its body reading the product from
 	 * there) */
@@ -2134,20 +2214,27 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "gemm_call");
 	LLVMBasicBlockRef skip =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "gemm_skip");
-	LLVMValueRef ok = LLVMBuildAnd(
-	    g->b, LLVMBuildIsNotNull(g->b, fn, ""),
+	LLVMValueRef ok =
 	    LLVMBuildAnd(g->b,
 			 LLVMBuildICmp(g->b, LLVMIntSGT, rows,
 				       LLVMConstInt(g->i64, 0, 0), ""),
 			 LLVMBuildICmp(g->b, LLVMIntSGT, ncols,
 				       LLVMConstInt(g->i64, 0, 0), ""),
-			 ""),
-	    "");
+			 "");
+	if (!tmpl)
+		ok = LLVMBuildAnd(g->b, LLVMBuildIsNotNull(g->b, fn, ""), ok,
+				  "");
 	LLVMBuildCondBr(g->b, ok, call, skip);
 	LLVMPositionBuilderAtEnd(g->b, call);
-	LLVMValueRef mnk[3] = {rows, ncols, K};
-	blas_call(g, fn, f64, ta, tb, mnk, ap, lda, bp, ldb, cp,
-		  imax(g, N, one));
+	if (tmpl) {
+		/* B has unit stride along N (cg_gemm_tmpl); A any strides */
+		tgemm(g, -1, rows, ncols, K, ap, sam, sak, bp, sbk, cp,
+		      imax(g, N, one));
+	} else {
+		LLVMValueRef mnk[3] = {rows, ncols, K};
+		blas_call(g, fn, f64, ta, tb, mnk, ap, lda, bp, ldb, cp,
+			  imax(g, N, one));
+	}
 	if (epi) {
 		/* the epilogue over rows [bi·M + m0, + rows) of its extent,
 		 * the product's buffer being the scratch less that offset */
@@ -2394,9 +2481,10 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	if (tmpl) {
 		LLVMBuildBr(g->b, call);
 		LLVMPositionBuilderAtEnd(g->b, call);
-		tgemm(g, cs->O, pt, K64(g, CKK),
-		      LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""), lda, sp, pt,
-		      LLVMBuildGEP2(g->b, et, op, &coff, 1, ""), K64(g, P));
+		tgemm(g, cs->O, K64(g, cs->O), pt, K64(g, CKK),
+		      LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""), lda, K64(g, 1),
+		      sp, pt, LLVMBuildGEP2(g->b, et, op, &coff, 1, ""),
+		      K64(g, P));
 	} else {
 		LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, fn, ""), call,
 				skip);

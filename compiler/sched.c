@@ -748,10 +748,17 @@ char *sched_report(cctx_t *c)
 			const cnode_t *n = &c->nodes[k->members[0].node];
 			const lt_t *a = n->ga, *b = n->gb;
 			uint32_t r = a->rank;
-			sb_printf(&s, "%s: matmul via BLAS %s ", k->name,
-				  c->bufs[n->buf].dtype == KILN_DT_F64
-				      ? "dgemm"
-				      : "sgemm");
+			if (cg_gemm_tmpl(c, n))
+				sb_printf(&s,
+					  "%s: matmul via GEMM template "
+					  "(%dx%d register tiles) ",
+					  k->name, CG_TG_MR, CG_TG_NR);
+			else
+				sb_printf(&s, "%s: matmul via BLAS %s ",
+					  k->name,
+					  c->bufs[n->buf].dtype == KILN_DT_F64
+					      ? "dgemm"
+					      : "sgemm");
 			sb_dims(c, &s, n->frank, n->fsizes, 0);
 			sb_printf(&s, " K=");
 			sb_dims(c, &s, 1, &a->sizes[r - 1], 0);

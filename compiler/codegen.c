@@ -1806,6 +1806,11 @@ static int gemm_forced(cctx_t *c, const cnode_t *n)
  * blocks of 256 (512 KiB) 1.244 vs 1.018, 64x576x3136 in blocks of 272
  * (612 KiB) 1.399 vs 1.407, 1024^3 26.5 vs 8.4. */
 #define TG_B_MAX (256 * 1024)
+/* ... and when it has at least this many multiply-adds: on a tiny product
+ * the template saves microseconds a call but costs the compile 4-18 ms
+ * more than a BLAS call (mlp_bwd's three products of K = 8 and 16: 36 ->
+ * 90 ms), and the smallest measured win was 128x64x256 (2^21). */
+#define TG_MIN_MACS (1 << 21)
 
 bool cg_gemm_tmpl(cctx_t *c, const cnode_t *n)
 {
@@ -1817,8 +1822,10 @@ bool cg_gemm_tmpl(cctx_t *c, const cnode_t *n)
 	int f = gemm_forced(c, n);
 	if (f >= 0)
 		return f == 2;
-	kiln_dim_t K = a->sizes[r - 1], N = b->sizes[r - 1];
-	if (K.e != NULL || N.e != NULL)
+	kiln_dim_t M = a->sizes[r - 2], K = a->sizes[r - 1],
+		   N = b->sizes[r - 1];
+	if (M.e != NULL || K.e != NULL || N.e != NULL ||
+	    M.c * N.c * K.c < TG_MIN_MACS)
 		return false;
 	int64_t nb = cg_gemm_col_block(c, n);
 	return K.c * (nb > 0 ? nb : N.c) * 4 <= TG_B_MAX;
@@ -1903,18 +1910,21 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
 
 /* ---- the GEMM template: a register-tiled f32 micro-kernel ---------------
  *
- * C[M, N] = A[M, K] @ B[K, N], all three row-major with unit stride along
- * their last dim (lda, ldb, ldc the row strides; M static). C is tiled in
+ * C[M, N] = A[M, K] @ B[K, N]; B and C row-major with unit stride along
+ * N (ldb, ldc their row strides), A with any strides (its elements are
+ * broadcast one at a time). C is tiled in
  * blocks of TG_MR rows by TG_NV vectors of columns; each block keeps its
  * TG_MR·TG_NV accumulators in registers for the whole of K: per k, TG_NV
  * vector loads of B's row k and TG_MR broadcasts of A's column k feed
  * TG_MR·TG_NV FMAs (8 x 2 x 16 lanes on AVX-512: 16 accumulators, 10 loads
  * per 16 FMAs). Column tails are masked (B loads and C stores), so any N
  * works. When TG_MR does not divide M the last row block overlaps the one
- * before it (it writes the same values again); an M under TG_MR is one
- * block of M rows. One block's code in all, which keeps the template's
- * compile cost at about 10-15 ms per convolution kernel (a separate
- * 1-row remainder loop and blocks of K doubled it). The column panel is
+ * before it (it writes the same values again); a static M under TG_MR is
+ * one block of M rows, and where M is only known at run time (a product's
+ * rows per unit) a block with fewer rows left repeats its last row. One
+ * block's code in all, which keeps the template's compile cost at about
+ * 10-15 ms per kernel (a separate 1-row remainder loop and blocks of K
+ * doubled it). The column panel is
  * the outer loop: B's K x 32 floats stay in L2 while every row block
  * passes over them. Blocking K by 128 or 256 (so that B's block stays in
  * L1; C then accumulates across blocks) measured no faster on resnet18's
@@ -1923,22 +1933,22 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
 #define TG_MR CG_TG_MR
 #define TG_NV 2 /* vectors: CG_TG_NR columns at 16 lanes */
 
-/* Element (i, v·vw) of a row-major block with row stride ld. */
-static LLVMValueRef tg_off(gen_t *g, int i, int v, int vw, LLVMValueRef ld)
-{
-	return LLVMBuildAdd(
-	    g->b,
-	    LLVMBuildMul(g->b, LLVMConstInt(g->i64, (uint64_t)i, 0), ld, ""),
-	    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0), "");
-}
-
-static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
-			LLVMValueRef lda, LLVMValueRef sak, LLVMValueRef bc,
-			LLVMValueRef ldb, LLVMValueRef cr, LLVMValueRef ldc,
-			const LLVMValueRef *mask, int vw)
+/* One block of mr rows: row i of the block is row min(i, rmax) when rmax
+ * is given (fewer rows than mr left: the extra rows repeat the last one,
+ * computing and storing its values again), else row i. */
+static void tgemm_block(gen_t *g, int mr, LLVMValueRef rmax, LLVMValueRef K,
+			LLVMValueRef ar, LLVMValueRef lda, LLVMValueRef sak,
+			LLVMValueRef bc, LLVMValueRef ldb, LLVMValueRef cr,
+			LLVMValueRef ldc, const LLVMValueRef *mask, int vw)
 {
 	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, (unsigned)vw);
 	LLVMTypeRef over[2] = {vt, g->ptr};
+	LLVMValueRef row[TG_MR];
+	for (int i = 0; i < mr; i++) {
+		row[i] = LLVMConstInt(g->i64, (uint64_t)i, 0);
+		if (rmax != NULL)
+			row[i] = imin(g, row[i], rmax);
+	}
 	LLVMValueRef acc[TG_MR][TG_NV];
 	for (int i = 0; i < mr; i++)
 		for (int v = 0; v < TG_NV; v++) {
@@ -1959,11 +1969,9 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
 		bv[v] = cg_intr(g, "llvm.masked.load", over, 2, args, 4);
 	}
 	for (int i = 0; i < mr; i++) {
-		LLVMValueRef o = LLVMBuildAdd(
-		    g->b,
-		    LLVMBuildMul(g->b, LLVMConstInt(g->i64, (uint64_t)i, 0),
-				 lda, ""),
-		    LLVMBuildMul(g->b, Kl.i, sak, ""), "");
+		LLVMValueRef o =
+		    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, row[i], lda, ""),
+				 LLVMBuildMul(g->b, Kl.i, sak, ""), "");
 		LLVMValueRef as = cg_splat(
 		    g,
 		    LLVMBuildLoad2(g->b, et,
@@ -1980,7 +1988,9 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
 	loop_end(g, &Kl);
 	for (int i = 0; i < mr; i++)
 		for (int v = 0; v < TG_NV; v++) {
-			LLVMValueRef o = tg_off(g, i, v, vw, ldc);
+			LLVMValueRef o = LLVMBuildAdd(
+			    g->b, LLVMBuildMul(g->b, row[i], ldc, ""),
+			    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0), "");
 			LLVMValueRef args[4] = {
 			    LLVMBuildLoad2(g->b, vt, acc[i][v], ""),
 			    LLVMBuildGEP2(g->b, et, cr, &o, 1, ""),
@@ -1989,37 +1999,44 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef K, LLVMValueRef ar,
 		}
 }
 
-/* Row blocks [0, M) of one column panel: blocks of mr rows, the last
- * one overlapping the one before it (M >= mr). */
-static void tgemm_rows(gen_t *g, int mr, LLVMValueRef M, LLVMValueRef K,
-		       LLVMValueRef a, LLVMValueRef lda, LLVMValueRef sak,
-		       LLVMValueRef bc, LLVMValueRef ldb, LLVMValueRef cc,
-		       LLVMValueRef ldc, const LLVMValueRef *mask, int vw)
+/* Row blocks [0, M) of one column panel, of mr rows each: the last one
+ * overlaps the one before it (M >= mr), or, with clamp (M only known at
+ * run time, perhaps under mr), starts at max(M - mr, 0) and repeats its
+ * last row as needed. */
+static void tgemm_rows(gen_t *g, int mr, bool clamp, LLVMValueRef M,
+		       LLVMValueRef K, LLVMValueRef a, LLVMValueRef lda,
+		       LLVMValueRef sak, LLVMValueRef bc, LLVMValueRef ldb,
+		       LLVMValueRef cc, LLVMValueRef ldc,
+		       const LLVMValueRef *mask, int vw)
 {
 	LLVMTypeRef et = g->f32;
 	LLVMValueRef mrv = LLVMConstInt(g->i64, (uint64_t)mr, 0);
+	LLVMValueRef zero = LLVMConstInt(g->i64, 0, 0);
 	LLVMValueRef nblk = LLVMBuildUDiv(
 	    g->b,
 	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, (uint64_t)mr - 1, 0),
 			 ""),
 	    mrv, "");
 	loop_t I;
-	loop_begin(g, &I, LLVMConstInt(g->i64, 0, 0), nblk, 1);
-	/* block i's first row: i·mr, the last block's M - mr */
+	loop_begin(g, &I, zero, nblk, 1);
+	/* block i's first row: i·mr, the last block's M - mr (or 0) */
 	LLVMValueRef r0 = imin(g, LLVMBuildMul(g->b, I.i, mrv, ""),
-			       LLVMBuildSub(g->b, M, mrv, ""));
+			       imax(g, LLVMBuildSub(g->b, M, mrv, ""), zero));
+	LLVMValueRef rmax =
+	    clamp ? LLVMBuildSub(g->b, LLVMBuildSub(g->b, M, r0, ""),
+				 LLVMConstInt(g->i64, 1, 0), "")
+		  : NULL;
 	LLVMValueRef ao = LLVMBuildMul(g->b, r0, lda, "");
 	LLVMValueRef co = LLVMBuildMul(g->b, r0, ldc, "");
-	tgemm_block(g, mr, K, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda, sak,
-		    bc, ldb, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""), ldc, mask,
-		    vw);
+	tgemm_block(g, mr, rmax, K, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda,
+		    sak, bc, ldb, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""), ldc,
+		    mask, vw);
 	loop_end(g, &I);
 }
 
 /* M: static (ms >= 0; a convolution's O) or only known at run time (ms <
- * 0; a product's rows per unit): then at least TG_MR rows take the blocks
- * of TG_MR, fewer go one row at a time (a second, one-row block). A
- * element (i, k) is a[i·lda + k·sak]. */
+ * 0; a product's rows per unit, which may be under TG_MR: the one block
+ * then repeats its last row). A element (i, k) is a[i·lda + k·sak]. */
 static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
 		  LLVMValueRef K, LLVMValueRef a, LLVMValueRef lda,
 		  LLVMValueRef sak, LLVMValueRef b, LLVMValueRef ldb,
@@ -2060,30 +2077,8 @@ static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
 	}
 	LLVMValueRef bc = LLVMBuildGEP2(g->b, et, b, &J.i, 1, "");
 	LLVMValueRef cc = LLVMBuildGEP2(g->b, et, c, &J.i, 1, "");
-	if (ms >= 0) {
-		tgemm_rows(g, ms < TG_MR ? (int)ms : TG_MR, M, K, a, lda, sak,
-			   bc, ldb, cc, ldc, mask, vw);
-	} else {
-		LLVMBasicBlockRef big =
-		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "tg_blocks");
-		LLVMBasicBlockRef few =
-		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "tg_rows");
-		LLVMBasicBlockRef done =
-		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "tg_done");
-		LLVMBuildCondBr(g->b,
-				LLVMBuildICmp(g->b, LLVMIntSGE, M,
-					      LLVMConstInt(g->i64, TG_MR, 0),
-					      ""),
-				big, few);
-		LLVMPositionBuilderAtEnd(g->b, big);
-		tgemm_rows(g, TG_MR, M, K, a, lda, sak, bc, ldb, cc, ldc, mask,
-			   vw);
-		LLVMBuildBr(g->b, done);
-		LLVMPositionBuilderAtEnd(g->b, few);
-		tgemm_rows(g, 1, M, K, a, lda, sak, bc, ldb, cc, ldc, mask, vw);
-		LLVMBuildBr(g->b, done);
-		LLVMPositionBuilderAtEnd(g->b, done);
-	}
+	tgemm_rows(g, ms >= 0 && ms < TG_MR ? (int)ms : TG_MR, ms < 0, M, K, a,
+		   lda, sak, bc, ldb, cc, ldc, mask, vw);
 	loop_end(g, &J);
 }
 

@@ -443,7 +443,10 @@ static void check_identity(void *arg, const sx_t *ld)
 	const kiln_expr_t *zero[CIR_MAX_VARS];
 	for (uint32_t v = 0; v < s->frank; v++) {
 		int64_t coef;
-		if (!ix_coef(ld->idx, v, &coef) || coef != s->stride[v]) {
+		/* a dim of size 1 (stride -1) is always 0: its coefficient,
+		 * often dropped, does not matter */
+		if (s->stride[v] >= 0 &&
+		    (!ix_coef(ld->idx, v, &coef) || coef != s->stride[v])) {
 			s->ok = false;
 			return;
 		}
@@ -505,7 +508,7 @@ static void fuse_epilogues(cctx_t *c)
 		struct idscan s = {c, n->buf, ek->frank, {0}, true};
 		int64_t st = 1;
 		for (uint32_t i = ek->frank; i-- > 0;) {
-			s.stride[i] = st;
+			s.stride[i] = ek->fsizes[i].c == 1 ? -1 : st;
 			st *= ek->fsizes[i].c;
 		}
 		for (uint32_t i = 0; i < ek->n_members && s.ok; i++)

@@ -810,12 +810,6 @@ def build_nn():
     case("mm", "two_member_epilogue", lambda x, y: (lambda t: A.mul.Tensor(t, t))(A.gelu.default(A.mm.default(x, y))),
          U(200, 32), U(32, 96))
     case("mm", "m0_cols", A.mm.default, U(0, 8), U(8, 1024))
-    # the GEMM template (codegen.c cg_gemm_tmpl: B row-major and small):
-    # a transposed A, units of 64 rows and a last one of 22 (blocks of 8,
-    # the last overlapping), 77 columns (masked tail), and an f32 batch
-    case("mm", "tmpl_at", A.mm.default, T(U(70, 100)), U(100, 77))
-    case("mm", "tmpl_rows", A.mm.default, U(150, 40), U(40, 50))
-    case("bmm", "tmpl", A.bmm.default, U(3, 13, 24), U(3, 24, 40))
     seed("embedding")
     w = U(10, 4)
     case("embedding", "default", A.embedding.default, w, I(2, 3, lo=0, hi=10))

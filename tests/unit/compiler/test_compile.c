@@ -481,6 +481,129 @@ Test(fusion, few_row_blocks_split_columns)
 	kiln_compiler_free(kc);
 }
 
+/* A product through the GEMM template (codegen.c cg_gemm_tmpl: f32, B
+ * row-major, at least 2^21 multiply-adds, at most 256 KiB of B per unit)
+ * against the interpreter: y = relu(a @ b) with a [B, M, K] (stored as
+ * [B, K, M] and transposed when at: broadcasts along a column) and b
+ * [B, K, N]; relu becomes the product's epilogue. */
+static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
+			  int64_t N, bool at)
+{
+	int64_t as[3] = {B, at ? K : M, at ? M : K}, bs[3] = {B, K, N};
+	int64_t ys[3] = {B, M, N}, am[3] = {B, M, K};
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 4);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 2);
+	const int64_t *in_shape[2] = {as, bs};
+	for (int t = 0; t < 2; t++) {
+		msgpack_pack_map(&b.pk, 2);
+		s(&b, "dtype");
+		s(&b, "f32");
+		s(&b, "shape");
+		msgpack_pack_array(&b.pk, 3);
+		for (int k = 0; k < 3; k++)
+			msgpack_pack_int64(&b.pk, in_shape[t][k]);
+	}
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, at ? 3 : 2);
+	uint32_t v = 2;
+	const int64_t *shapes[3] = {am, ys, ys};
+	for (int k = at ? 0 : 1; k < 3; k++) {
+		if (k == 0) {
+			node_head(&b, "aten.transpose.int", 3);
+			ref(&b, 0);
+			msgpack_pack_int64(&b.pk, 1);
+			msgpack_pack_int64(&b.pk, 2);
+		} else if (k == 1) {
+			node_head(&b, "aten.bmm.default", 2);
+			ref(&b, at ? v++ : 0);
+			ref(&b, 1);
+		} else {
+			node_head(&b, "aten.relu.default", 1);
+			ref(&b, v++);
+		}
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		msgpack_pack_map(&b.pk, 2);
+		s(&b, "dtype");
+		s(&b, "f32");
+		s(&b, "shape");
+		msgpack_pack_array(&b.pk, 3);
+		for (int d = 0; d < 3; d++)
+			msgpack_pack_int64(&b.pk, shapes[k][d]);
+	}
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, v);
+	kiln_graph_t *g = graph_from_json_like("bmm", &b.sb);
+	char *rep = NULL;
+	n_kernels(kc, g, &rep);
+	if (__builtin_cpu_supports("avx512f"))
+		cr_expect(strstr(rep, "matmul via GEMM template (8x32 register "
+				      "tiles)") != NULL &&
+			      strstr(rep, "epilogue") != NULL,
+			  "%s", rep);
+	free(rep);
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	strcpy(opts.mode, "default");
+	kiln_artifact_t *art = NULL;
+	int rc = kiln_compile(kc, g, &opts, &art, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_module_t *m = NULL;
+	rc = kiln_module_from_artifact(art, &m, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_tensor_t in[2];
+	kiln_io_t args[2];
+	for (int t = 0; t < 2; t++) {
+		cr_assert_eq(
+		    kiln_td_tensor_alloc(&in[t], KILN_DT_F32, 3, in_shape[t]),
+		    0);
+		int64_t cnt = in_shape[t][0] * in_shape[t][1] * in_shape[t][2];
+		for (int64_t i = 0; i < cnt; i++)
+			((float *)in[t].data)[i] = (float)kiln_td_prng_uniform(
+			    21 + (uint64_t)t, (uint64_t)i, -1, 1);
+		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
+	}
+	void *ob[1] = {NULL};
+	kiln_io_t out[1];
+	rc = kiln_module_run(m, args, 2, ob, out, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_tensor_t want[1];
+	rc = kiln_interp_run(g, in, want, err, sizeof(err));
+	cr_assert_eq(rc, 0, "interp: %s", err);
+	kiln_td_cmp_t cr;
+	cr_expect(kiln_td_compare(&out[0].t, &want[0], 1e-4, 1e-4, &cr),
+		  "B=%lld M=%lld K=%lld N=%lld at=%d: %s", (long long)B,
+		  (long long)M, (long long)K, (long long)N, at, cr.msg);
+	free(want[0].data);
+	free(ob[0]);
+	kiln_td_tensor_free(&in[0]);
+	kiln_td_tensor_free(&in[1]);
+	kiln_module_free(m);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+}
+
+/* Units of 64 rows and a last one of 22 (blocks of 8, the last
+ * overlapping) or of 6 (one block repeating its last row), 77, 100 and
+ * 500 columns (masked tails), a transposed A, a batch of 3 with 45 rows;
+ * the batch of 1 checks that a size-1 dim does not keep relu from being
+ * the epilogue. */
+Test(fusion, gemm_template_matches_the_interpreter)
+{
+	kiln_compiler_t *kc = new_compiler();
+	check_tmpl_mm(kc, 1, 150, 200, 77, true);
+	check_tmpl_mm(kc, 1, 70, 300, 100, false);
+	check_tmpl_mm(kc, 3, 45, 100, 500, false);
+	kiln_compiler_free(kc);
+}
+
 /* The tiled convolution template (ops_conv.c conv_tiled, codegen.c
  * gen_conv_body) against the interpreter, on shapes large enough to take
  * it: several tiles per image with a shorter last one, padding on every

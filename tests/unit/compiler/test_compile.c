@@ -779,6 +779,20 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 	msgpack_sbuffer_destroy(&b.sb);
 }
 
+/* check_conv_case on each case, its kernel report holding every one of
+ * the nwant texts. */
+static void check_conv_cases(kiln_compiler_t *kc, const convcase_t *cases,
+			     size_t n, const char *const *want, size_t nwant)
+{
+	for (size_t i = 0; i < n; i++) {
+		char *rep = NULL;
+		check_conv_case(kc, &cases[i], "default", &rep);
+		for (size_t w = 0; w < nwant; w++)
+			cr_expect(strstr(rep, want[w]) != NULL, "%s", rep);
+		free(rep);
+	}
+}
+
 Test(conv, tiled_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -791,17 +805,17 @@ Test(conv, tiled_template_matches_the_interpreter)
 	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, true, false},
 	    {"f64", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false, false},
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		check_conv_case(kc, &cases[i], "default", NULL);
+	static const char *const want[] = {"im2col tiles"};
+	check_conv_cases(kc, cases, sizeof(cases) / sizeof(cases[0]), want, 1);
 	kiln_compiler_free(kc);
 }
 
 /* The GEMM template (codegen.c tgemm, the tiled template's product on
- * f32 with 16-lane vectors): a last block of 8 rows that overlaps the one
- * before it (O = 13, 70), fewer rows than one block (O = 6), tiles whose
- * columns are no multiple of its 32 (37·rows, 175), K = 315, 180 and 45,
- * stride 2. On a target without AVX-512 the product is BLAS's, which must
- * agree too. */
+ * f32 with 16-lane vectors): a last block of 8 rows that overlaps the
+ * one before it (O = 13, 70), fewer rows than one block (O = 6), tiles
+ * whose columns are no multiple of its 32 (37·rows, 175), K = 315, 180
+ * and 45, stride 2. On a target without AVX-512 the product is BLAS's,
+ * which must agree too. */
 Test(conv, gemm_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -810,24 +824,18 @@ Test(conv, gemm_template_matches_the_interpreter)
 	    {"f32", 8, 20, 9, 70, 70, 3, {2, 2}, {1, 1}, {1, 1}, false, false},
 	    {"f32", 9, 5, 40, 40, 6, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
 	};
-	bool avx512 = __builtin_cpu_supports("avx512f");
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		char *rep = NULL;
-		check_conv_case(kc, &cases[i], "default", &rep);
-		cr_expect(strstr(rep, "im2col tiles") != NULL, "%s", rep);
-		cr_expect(strstr(rep, avx512 ? "GEMM template (8x32 register "
-					       "tiles)"
-					     : "BLAS sgemm") != NULL,
-			  "%s", rep);
-		free(rep);
-	}
+	const char *want[] = {"im2col tiles",
+			      __builtin_cpu_supports("avx512f")
+				  ? "GEMM template (8x32 register tiles)"
+				  : "BLAS sgemm"};
+	check_conv_cases(kc, cases, sizeof(cases) / sizeof(cases[0]), want, 2);
 	kiln_compiler_free(kc);
 }
 
-/* The pointwise kernel after a tiled convolution (a per-channel scale, a
- * residual add and relu: what eval batchnorm, a ResNet block's shortcut
- * and its activation lower to) becomes its epilogue, run on each tile
- * right after its product: one step, the same values as the
+/* The pointwise kernel after a tiled convolution (a per-channel scale,
+ * a residual add and relu: what eval batchnorm, a ResNet block's
+ * shortcut and its activation lower to) becomes its epilogue, run on
+ * each tile right after its product: one step, the same values as the
  * interpreter, with the GEMM template and with BLAS (f64), over tiles
  * whose last one is short and rows of O that end mid-block; and with
  * KILN_NOFUSE set it stays a step of its own. */
@@ -838,15 +846,9 @@ Test(conv, epilogue_runs_on_each_tile)
 	    {"f32", 3, 16, 20, 40, 13, 5, {1, 1}, {2, 2}, {1, 1}, false, true},
 	    {"f64", 3, 16, 20, 40, 13, 5, {1, 1}, {2, 2}, {1, 1}, false, true},
 	};
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		char *rep = NULL;
-		check_conv_case(kc, &cases[i], "default", &rep);
-		cr_expect(strstr(rep, "im2col tiles") != NULL, "%s", rep);
-		cr_expect(strstr(rep, "epilogue kiln_k1 on each tile") != NULL,
-			  "%s", rep);
-		cr_expect(strstr(rep, "run by kiln_k0") != NULL, "%s", rep);
-		free(rep);
-	}
+	static const char *const want[] = {
+	    "im2col tiles", "epilogue kiln_k1 on each tile", "run by kiln_k0"};
+	check_conv_cases(kc, cases, sizeof(cases) / sizeof(cases[0]), want, 3);
 	/* criterion runs each test in a process of its own */
 	setenv("KILN_NOFUSE", "1", 1);
 	char *rep = NULL;
@@ -1035,7 +1037,8 @@ Test(fusion, layer_norm_is_one_kernel)
 	kiln_compiler_free(kc);
 }
 
-/* gelu(x * w + b), elementwise with broadcast w, b: one pointwise kernel. */
+/* gelu(x * w + b), elementwise with broadcast w, b: one pointwise
+ * kernel. */
 Test(fusion, gelu_chain_is_one_kernel)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -1079,8 +1082,8 @@ Test(fusion, gelu_chain_is_one_kernel)
 	kiln_compiler_free(kc);
 }
 
-/* Views are index arithmetic: permute + expand + add is one kernel, and an
- * output that is a view of an input needs no kernel at all. */
+/* Views are index arithmetic: permute + expand + add is one kernel, and
+ * an output that is a view of an input needs no kernel at all. */
 Test(fusion, views_are_not_copies)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -1128,14 +1131,16 @@ Test(fusion, views_are_not_copies)
 	kiln_compiler_free(kc);
 }
 
-/* ---- dynamic shapes: one artifact, several sizes ------------------------- */
+/* ---- dynamic shapes: one artifact, several sizes
+ * ------------------------- */
 
 Test(dynamic, one_artifact_many_sizes)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
 	gb_init(&b);
-	/* y = softmax(x * 2 + 1) over [s0, 48], then layer_norm-free sum */
+	/* y = softmax(x * 2 + 1) over [s0, 48], then layer_norm-free
+	 * sum */
 	msgpack_pack_map(&b.pk, 5);
 	s(&b, "format");
 	s(&b, "kiln.graph/1");
@@ -1237,7 +1242,8 @@ Test(dynamic, one_artifact_many_sizes)
 	kiln_compiler_free(kc);
 }
 
-/* ---- two threads compiling at once --------------------------------------- */
+/* ---- two threads compiling at once
+ * --------------------------------------- */
 
 typedef struct thr {
 	const char *graph, *io;
@@ -1296,7 +1302,8 @@ Test(concurrency, two_threads_compile_different_graphs, .timeout = 300)
 		cr_expect_eq(t[i].failures, 0, "%s: %s", t[i].graph, t[i].msg);
 }
 
-/* ---- semantically invalid graphs ----------------------------------------- */
+/* ---- semantically invalid graphs
+ * ----------------------------------------- */
 
 static void expect_invalid(const char *what, gb_t *b, const char *needle)
 {
@@ -1387,8 +1394,8 @@ Test(invalid, declared_shape_disagrees)
 	expect_invalid("relu out shape", &b, "declared size");
 }
 
-/* KILN_COMPILE_THREADS is read when the compiler is made: anything but a
- * count from 1 to 8 is an error naming it; a valid count compiles. */
+/* KILN_COMPILE_THREADS is read when the compiler is made: anything but
+ * a count from 1 to 8 is an error naming it; a valid count compiles. */
 Test(settings, compile_threads_are_checked)
 {
 	char err[512];
@@ -1408,9 +1415,9 @@ Test(settings, compile_threads_are_checked)
 	kiln_compiler_free(kc);
 }
 
-/* KILN_MATH is read once, when the compiler is made: an unknown value is
- * an error naming it, and the choice is part of the fingerprint. (Each
- * Criterion test runs in its own process: setenv stays here.) */
+/* KILN_MATH is read once, when the compiler is made: an unknown value
+ * is an error naming it, and the choice is part of the fingerprint.
+ * (Each Criterion test runs in its own process: setenv stays here.) */
 Test(settings, math_choice_is_checked_and_fingerprinted)
 {
 	char err[512];
@@ -1465,9 +1472,9 @@ Test(settings, a_linker_that_cannot_run_is_a_clear_error)
 	unsetenv("KILN_LINKER");
 }
 
-/* kiln.dropout with invalid arguments (tests/data/bad/kiln_dropout_*, the
- * interpreter's rejection cases): the compiler's lowering rejects each as
- * the interpreter does, naming the node and the argument. */
+/* kiln.dropout with invalid arguments (tests/data/bad/kiln_dropout_*,
+ * the interpreter's rejection cases): the compiler's lowering rejects
+ * each as the interpreter does, naming the node and the argument. */
 Test(compile, kiln_dropout_bad_arguments)
 {
 	static const struct {
@@ -1519,10 +1526,10 @@ Test(compile, kiln_dropout_bad_arguments)
 	kiln_compiler_free(kc);
 }
 
-/* A product whose weight is a transposed view (nn.Linear's t()) is timed
- * on inputs laid out as declared; a product whose result feeds one other
- * node keeps the heuristic (that node may become its epilogue, which a
- * one-node timing cannot see). */
+/* A product whose weight is a transposed view (nn.Linear's t()) is
+ * timed on inputs laid out as declared; a product whose result feeds
+ * one other node keeps the heuristic (that node may become its
+ * epilogue, which a one-node timing cannot see). */
 static kiln_graph_t *linear_graph(gb_t *b, bool gelu)
 {
 	gb_init(b);
@@ -1589,8 +1596,8 @@ Test(autotune, transposed_weights_are_timed_and_epilogues_kept, .timeout = 300)
 }
 
 /* The tiled template keeps its stack scratch within 512 KiB: a
- * convolution whose one output row of columns is larger (1024 channels x
- * 3x3 x 258 columns: 9 MiB) takes the whole-image form, also when
+ * convolution whose one output row of columns is larger (1024 channels
+ * x 3x3 x 258 columns: 9 MiB) takes the whole-image form, also when
  * max-autotune would time the two (it has nothing to choose). Compiled
  * only: the reports. */
 Test(conv, tiled_scratch_stays_within_its_bound)

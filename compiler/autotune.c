@@ -3,8 +3,9 @@
  * and convolution chosen by measurement on this machine.
  *
  * For every node that has a choice (a convolution: tiled im2col with the
- * GEMM template or with BLAS, or whole-image im2col + BLAS; mm, bmm, addmm,
- * baddbmm: row blocks alone or row and column blocks), the node alone
+ * GEMM template or with BLAS, or whole-image im2col + a product; mm, bmm,
+ * addmm, baddbmm: BLAS on row blocks alone or on row and column blocks, or
+ * the GEMM template), the node alone
  * becomes a graph of one node (its tensor arguments the inputs, static
  * shapes only). That graph is compiled once per variant; variants that
  * give the same kernels as an earlier one drop out, and with one left
@@ -391,10 +392,14 @@ static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
 
 /* A convolution: 0 the tiled template with the GEMM template as its
  * product (ops_conv.c; where the target has none, the same kernels as 2),
- * 1 the whole-image (or batched) im2col and a BLAS product, 2 the tiled
- * template with BLAS. A product: 0 BLAS on row blocks, 1 BLAS on row and
- * column blocks, 2 the GEMM template (codegen.c cg_gemm_tmpl; where it
- * does not apply, the same kernels as 0 or 1). */
+ * 1 the whole-image (or batched) im2col and a product (BLAS, or the GEMM
+ * template by codegen.c's rule for products), 2 the tiled template with
+ * BLAS. A convolution whose result feeds exactly one node is timed as 0
+ * and 2 only: that node may become the tiled form's epilogue, which the
+ * whole-image form rules out and a one-node timing cannot see. A product: 0
+ * BLAS on row blocks, 1 BLAS on row and column blocks, 2 the GEMM template
+ * (codegen.c cg_gemm_tmpl; where it does not apply, the same kernels as 0 or
+ * 1). */
 static int n_variants(const char *op)
 {
 	(void)op;
@@ -405,7 +410,7 @@ static const char *variant_name(const char *op, int v)
 {
 	if (strcmp(op, "aten.convolution.default") == 0)
 		return v == 0	? "tiled im2col + GEMM template"
-		       : v == 1 ? "whole-image im2col + BLAS"
+		       : v == 1 ? "whole-image im2col + product"
 				: "tiled im2col + BLAS";
 	return v == 0	? "BLAS in row blocks"
 	       : v == 1 ? "BLAS in row and column blocks"
@@ -435,6 +440,13 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 			msgpack_sbuffer_destroy(&sb);
 			continue;
 		}
+		/* the key: the one-node graph, and for a convolution whether
+		 * its result feeds one node (fewer variants are timed) */
+		bool conv1 =
+		    strcmp(g->nodes[ni].op, "aten.convolution.default") == 0 &&
+		    readers != NULL && single_reader(g, readers, ni);
+		if (conv1)
+			msgpack_sbuffer_write(&sb, "\x01", 1);
 		if (cache_get(cache, sb.data, sb.size, &tune[ni], why[ni])) {
 			msgpack_sbuffer_destroy(&sb);
 			kiln_graph_free(sg);
@@ -447,6 +459,8 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 		char *text[MAX_VARIANTS] = {NULL};
 		for (int v = 0; v < nv; v++) {
 			int8_t t1 = (int8_t)v;
+			if (conv1 && v == 1)
+				continue;
 			if (kiln__compile_tuned(kc, sg, &t1, NULL, NULL,
 						&text[nd], KILN_EMIT_KERNELS,
 						NULL, err, sizeof(err)) != 0)

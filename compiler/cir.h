@@ -22,6 +22,7 @@
 #define KILN_CIR_H
 
 #include "compiler/compiler.h"
+#include "compiler/internal_tune.h"
 #include "protocol/internal.h"
 
 #include <stdarg.h>
@@ -218,7 +219,7 @@ typedef struct cctx {
 	/* max-autotune: per graph node, the template variant (-1: the
 	 * heuristic) and why (compiler/internal_tune.h), or NULL */
 	const int8_t *tune;
-	char (*tune_why)[256]; /* KILN_TUNE_WHY (internal_tune.h) */
+	char (*tune_why)[KILN_TUNE_WHY];
 	const kiln_graph_t *g;
 	const kiln_target_t *target;
 	char *err;

@@ -219,10 +219,10 @@ static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, bool unit_last,
 /* The tiled template (groups == 1): one compute node whose kernel, for
  * each unit (image, block of output rows),
  * writes that block's im2col columns into a scratch of at most
- * CONV_TILE_BYTES and multiplies W by it there through BLAS, so the
- * columns never go to memory (the whole-image im2col wrote and read back
- * C·KH·KW times the input: 115 MB for resnet18's 64->64 3x3 at batch
- * 16). */
+ * CONV_TILE_BYTES and multiplies W by it there (the GEMM template or
+ * BLAS: conv_template), so the columns never go to memory (the whole-image
+ * im2col wrote and read back C·KH·KW times the input: 115 MB for resnet18's
+ * 64->64 3x3 at batch 16). */
 static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 		      kiln_dtype_t acc, const int64_t *dims, lt_t **out)
 {

@@ -457,14 +457,18 @@ static void check_identity(void *arg, const sx_t *ld)
 		s->ok = false;
 }
 
-/* A pointwise kernel right after a BLAS product that reads the product
- * element for element (row-major, the same rows: its extent is the
- * product's rows, as PW_CHUNK lets a last dim of up to 8192 be one unit)
- * and is the product's only reader becomes its epilogue: the product
- * kernel writes each block of 64 rows to a scratch and runs this kernel on
- * those rows at once, so the product never goes to memory (addmm's bias,
- * an activation, a residual add). Static shapes, f32/f64, scratch <= 512
- * KiB, no column blocks. */
+/* A pointwise kernel right after a product (BLAS or the GEMM template)
+ * that reads the product element for element (row-major, the same rows:
+ * its extent is the product's rows, as PW_CHUNK lets a last dim of up to
+ * 8192 be one unit) and is the product's only reader becomes its
+ * epilogue: the product kernel writes each block of 64 rows to a scratch
+ * and runs this kernel on those rows at once, so the product never goes
+ * to memory (addmm's bias, an activation, a residual add). Static shapes,
+ * f32/f64, scratch <= 512 KiB, no column blocks. After a tiled
+ * convolution the product goes to its buffer and the epilogue runs on
+ * each tile's rows of every channel right after the tile's product,
+ * while they are in cache (batchnorm's scale and shift, relu, a shortcut
+ * add). */
 #define EPI_SCRATCH_MAX (512 * 1024)
 
 static void fuse_epilogues(cctx_t *c)

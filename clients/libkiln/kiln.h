@@ -196,12 +196,18 @@ typedef int (*kiln_fallback_fn)(void *user, const kiln_artifact_t *a,
  */
 const int64_t *kiln_fallback_syms(uint32_t *n);
 
+/* Run options. Initialize to zero ({0} or designated initializers): new
+ * fields are appended, NULL/0 meaning the old behaviour. libkiln has no
+ * stable ABI yet: a program must be built against the kiln.h of the
+ * libkiln it loads (step_ms was appended on 2026-11-30; a binary built
+ * before would leave it as garbage). */
 typedef struct kiln_run_opts {
 	kiln_pool_t *pool;	   /* NULL: kiln_pool_default() */
 	kiln_fallback_fn fallback; /* NULL: a fallback step fails the run */
 	void *fallback_user;	   /* passed to fallback as `user` */
 	/* NULL, or kiln_module_n_steps(m) entries: each plan step's wall
-	 * time in ms is added to its entry (kilnc --profile) */
+	 * time in ms is added to its entry (kilnc --profile); not atomic:
+	 * runs at the same time need an array each */
 	double *step_ms;
 } kiln_run_opts_t;
 

@@ -325,7 +325,7 @@ static bool make_inputs(const kiln_graph_t *g, kiln_io_t *in)
 	return true;
 }
 
-#define MAX_VARIANTS 3
+#define MAX_VARIANTS 3 /* per node: see variant_name */
 
 /* Times the variants' artifacts (nv of them, consumed) on the same inputs,
  * runs interleaved (A B C A B C ..., so that whatever else the machine
@@ -400,12 +400,6 @@ static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
  * BLAS on row blocks, 1 BLAS on row and column blocks, 2 the GEMM template
  * (codegen.c cg_gemm_tmpl; where it does not apply, the same kernels as 0 or
  * 1). */
-static int n_variants(const char *op)
-{
-	(void)op;
-	return 3;
-}
-
 static const char *variant_name(const char *op, int v)
 {
 	if (strcmp(op, "aten.convolution.default") == 0)
@@ -454,7 +448,7 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 		}
 		/* the variants' kernels: those that give the same text as
 		 * an earlier one drop out; one left, nothing to choose */
-		int nv = n_variants(g->nodes[ni].op), nd = 0;
+		int nv = MAX_VARIANTS, nd = 0;
 		int8_t vs[MAX_VARIANTS];
 		char *text[MAX_VARIANTS] = {NULL};
 		for (int v = 0; v < nv; v++) {

@@ -2104,6 +2104,29 @@ static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
 	loop_end(g, &J);
 }
 
+/* Calls the product kernel's epilogue (the kernel after it, whose body is
+ * generated first: sched.c fuse_epilogues) on units [u0, u1) of its
+ * extent; its reads of the product's buffer pbuf go to prod instead (NULL:
+ * the buffer itself). */
+static void call_epilogue(gen_t *g, uint32_t pbuf, LLVMValueRef prod,
+			  LLVMValueRef u0, LLVMValueRef u1)
+{
+	const kernel_t *ek = g->k + 1;
+	char ename[48];
+	snprintf(ename, sizeof(ename), "%s_body", ek->name);
+	LLVMValueRef ef = LLVMGetNamedFunction(g->mod, ename);
+	LLVMValueRef eargs[CG_MAX_ARGS + 3];
+	for (uint32_t i = 0; i < ek->n_args; i++)
+		eargs[i] = prod != NULL && ek->args[i] == pbuf
+			       ? prod
+			       : buf_ptr(g, ek->args[i]);
+	eargs[ek->n_args] = g->syms;
+	eargs[ek->n_args + 1] = u0;
+	eargs[ek->n_args + 2] = u1;
+	LLVMBuildCall2(g->b, LLVMGlobalGetValueType(ef), ef, eargs,
+		       ek->n_args + 3, "");
+}
+
 /* One unit: rows [m0, m0 + MB) of batch bi. Operand layout per matrix:
  * unit stride on its last dim → "no transpose" with the other stride as
  * the leading dimension; else (unit stride on the second-to-last dim) →
@@ -2255,25 +2278,13 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	if (epi) {
 		/* the epilogue over rows [bi·M + m0, + rows) of its extent,
 		 * the product's buffer being the scratch less that offset */
-		const kernel_t *ek = g->k + 1;
-		char ename[48];
-		snprintf(ename, sizeof(ename), "%s_body", ek->name);
-		LLVMValueRef ef = LLVMGetNamedFunction(g->mod, ename);
-		LLVMTypeRef eft = LLVMGlobalGetValueType(ef);
 		LLVMValueRef row0 =
 		    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, M, ""), m0, "");
 		LLVMValueRef back =
 		    LLVMBuildNeg(g->b, LLVMBuildMul(g->b, row0, N, ""), "");
-		LLVMValueRef eargs[CG_MAX_ARGS + 3];
-		for (uint32_t i = 0; i < ek->n_args; i++)
-			eargs[i] =
-			    ek->args[i] == n->buf
-				? LLVMBuildGEP2(g->b, et, scratch, &back, 1, "")
-				: buf_ptr(g, ek->args[i]);
-		eargs[ek->n_args] = g->syms;
-		eargs[ek->n_args + 1] = row0;
-		eargs[ek->n_args + 2] = LLVMBuildAdd(g->b, row0, rows, "");
-		LLVMBuildCall2(g->b, eft, ef, eargs, ek->n_args + 3, "");
+		call_epilogue(g, n->buf,
+			      LLVMBuildGEP2(g->b, et, scratch, &back, 1, ""),
+			      row0, LLVMBuildAdd(g->b, row0, rows, ""));
 	}
 	LLVMBuildBr(g->b, skip);
 	LLVMPositionBuilderAtEnd(g->b, skip);
@@ -2518,15 +2529,6 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		/* the epilogue (sched.c fuse_epilogues) on the tile's rows of
 		 * each output channel: units (n·O + o)·OH + oh0 .. + nr of
 		 * its [N, O, OH, OW] extent */
-		const kernel_t *ek = g->k + 1;
-		char ename[48];
-		snprintf(ename, sizeof(ename), "%s_body", ek->name);
-		LLVMValueRef ef = LLVMGetNamedFunction(g->mod, ename);
-		LLVMTypeRef eft = LLVMGlobalGetValueType(ef);
-		LLVMValueRef eargs[CG_MAX_ARGS + 3];
-		for (uint32_t i = 0; i < ek->n_args; i++)
-			eargs[i] = buf_ptr(g, ek->args[i]);
-		eargs[ek->n_args] = g->syms;
 		loop_t E;
 		loop_begin(g, &E, K64(g, 0), K64(g, cs->O), 1);
 		LLVMValueRef u0 = LLVMBuildAdd(
@@ -2538,9 +2540,8 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 				     E.i, ""),
 			K64(g, cs->OH), ""),
 		    oh0, "");
-		eargs[ek->n_args + 1] = u0;
-		eargs[ek->n_args + 2] = LLVMBuildAdd(g->b, u0, nr, "");
-		LLVMBuildCall2(g->b, eft, ef, eargs, ek->n_args + 3, "");
+		call_epilogue(g, n->buf, NULL, u0,
+			      LLVMBuildAdd(g->b, u0, nr, ""));
 		loop_end(g, &E);
 	}
 	LLVMBuildBr(g->b, skip);

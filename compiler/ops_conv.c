@@ -216,6 +216,18 @@ static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, bool unit_last,
 	return lt_realize(c, u, (int32_t)n->index, out);
 }
 
+/* The weight w as the product's A: [O, K] (K = C·KH·KW, or C for a 1x1),
+ * a buffer of dtype acc with unit stride along K. */
+static int weight_2d(lnode_t *n, lt_t *w, int64_t O, int64_t K,
+		     kiln_dtype_t acc, lt_t **out)
+{
+	kiln_dim_t w2[2] = {dim_const(O), dim_const(K)};
+	lt_t *wv = lt_reshape(n->c, w, 2, w2);
+	if (wv == NULL)
+		return -ENOMEM;
+	return acc_buf(n, wv, acc, true, out);
+}
+
 /* The tiled template (groups == 1): one compute node whose kernel, for
  * each unit (image, block of output rows),
  * writes that block's im2col columns into a scratch of at most
@@ -234,11 +246,7 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	int rc = acc_buf(n, x, acc, false, &xb);
 	if (rc != 0)
 		return rc;
-	kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
-	lt_t *wv = lt_reshape(c, w, 2, w2);
-	if (wv == NULL)
-		return -ENOMEM;
-	rc = acc_buf(n, wv, acc, true, &wb);
+	rc = weight_2d(n, w, O, CKK, acc, &wb);
 	if (rc != 0)
 		return rc;
 	convspec_t *cs = kiln_arena_calloc(c->arena, 1, sizeof(*cs));
@@ -417,11 +425,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		if (b3 == NULL)
 			return -ENOMEM;
 		lt_t *wa;
-		kiln_dim_t w2[2] = {dim_const(O), dim_const(C)};
-		lt_t *wv = lt_reshape(c, w, 2, w2);
-		if (wv == NULL)
-			return -ENOMEM;
-		rc = acc_buf(n, wv, acc, true, &wa);
+		rc = weight_2d(n, w, O, C, acc, &wa);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t e3[3] = {dim_const(N), dim_const(O), dim_const(C)};

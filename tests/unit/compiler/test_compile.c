@@ -481,6 +481,64 @@ Test(fusion, few_row_blocks_split_columns)
 	kiln_compiler_free(kc);
 }
 
+/* Compiles g in mode, runs it on inputs drawn uniform in [-1, 1) (input t
+ * from the stream seed + t; every input a tensor of its declared dtype and
+ * static shape) and expects its one output to match the interpreter's
+ * within rtol = atol = tol; what names the case when it does not. */
+static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
+				  const char *mode, uint64_t seed, double tol,
+				  const char *what)
+{
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	snprintf(opts.mode, sizeof(opts.mode), "%s", mode);
+	kiln_artifact_t *a = NULL;
+	int rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s: %s", what, err);
+	kiln_module_t *m = NULL;
+	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s: %s", what, err);
+	uint32_t nin = g->n_inputs;
+	kiln_tensor_t *in = calloc(nin + 1, sizeof(*in));
+	kiln_io_t *args = calloc(nin + 1, sizeof(*args));
+	cr_assert(in != NULL && args != NULL);
+	for (uint32_t t = 0; t < nin; t++) {
+		const kiln_value_t *v = &g->values[t];
+		int64_t sz[KILN_MAX_RANK_HARD], cnt = 1;
+		for (uint32_t k = 0; k < v->rank; k++)
+			cnt *= sz[k] = v->sizes[k].c;
+		cr_assert_eq(
+		    kiln_td_tensor_alloc(&in[t], v->dtype, v->rank, sz), 0);
+		for (int64_t i = 0; i < cnt; i++) {
+			double x =
+			    kiln_td_prng_uniform(seed + t, (uint64_t)i, -1, 1);
+			if (v->dtype == KILN_DT_F64)
+				((double *)in[t].data)[i] = x;
+			else
+				((float *)in[t].data)[i] = (float)x;
+		}
+		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
+	}
+	void *ob[1] = {NULL};
+	kiln_io_t out[1];
+	rc = kiln_module_run(m, args, nin, ob, out, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s: %s", what, err);
+	kiln_tensor_t want[1];
+	rc = kiln_interp_run(g, in, want, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s: interp: %s", what, err);
+	kiln_td_cmp_t cr;
+	cr_expect(kiln_td_compare(&out[0].t, &want[0], tol, tol, &cr), "%s: %s",
+		  what, cr.msg);
+	free(want[0].data);
+	free(ob[0]);
+	for (uint32_t t = 0; t < nin; t++)
+		kiln_td_tensor_free(&in[t]);
+	free(in);
+	free(args);
+	kiln_module_free(m);
+}
+
 /* A product through the GEMM template (codegen.c cg_gemm_tmpl: f32, B
  * row-major, at least 2^21 multiply-adds, at most 256 KiB of B per unit)
  * against the interpreter: y = relu(a @ b) with a [B, M, K] (stored as
@@ -548,44 +606,10 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 			      strstr(rep, "epilogue") != NULL,
 			  "%s", rep);
 	free(rep);
-	char err[512];
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	strcpy(opts.mode, "default");
-	kiln_artifact_t *art = NULL;
-	int rc = kiln_compile(kc, g, &opts, &art, NULL, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_module_t *m = NULL;
-	rc = kiln_module_from_artifact(art, &m, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_tensor_t in[2];
-	kiln_io_t args[2];
-	for (int t = 0; t < 2; t++) {
-		cr_assert_eq(
-		    kiln_td_tensor_alloc(&in[t], KILN_DT_F32, 3, in_shape[t]),
-		    0);
-		int64_t cnt = in_shape[t][0] * in_shape[t][1] * in_shape[t][2];
-		for (int64_t i = 0; i < cnt; i++)
-			((float *)in[t].data)[i] = (float)kiln_td_prng_uniform(
-			    21 + (uint64_t)t, (uint64_t)i, -1, 1);
-		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
-	}
-	void *ob[1] = {NULL};
-	kiln_io_t out[1];
-	rc = kiln_module_run(m, args, 2, ob, out, NULL, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_tensor_t want[1];
-	rc = kiln_interp_run(g, in, want, err, sizeof(err));
-	cr_assert_eq(rc, 0, "interp: %s", err);
-	kiln_td_cmp_t cr;
-	cr_expect(kiln_td_compare(&out[0].t, &want[0], 1e-4, 1e-4, &cr),
-		  "B=%lld M=%lld K=%lld N=%lld at=%d: %s", (long long)B,
-		  (long long)M, (long long)K, (long long)N, at, cr.msg);
-	free(want[0].data);
-	free(ob[0]);
-	kiln_td_tensor_free(&in[0]);
-	kiln_td_tensor_free(&in[1]);
-	kiln_module_free(m);
+	char what[96];
+	snprintf(what, sizeof(what), "B=%lld M=%lld K=%lld N=%lld at=%d",
+		 (long long)B, (long long)M, (long long)K, (long long)N, at);
+	expect_matches_interp(kc, g, "default", 21, 1e-4, what);
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
 }
@@ -724,57 +748,13 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 	} else {
 		*report = rep;
 	}
-	kiln_artifact_t *a = NULL;
-	rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_module_t *m = NULL;
-	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_dtype_t dt =
-	    strcmp(cc->dt, "f64") == 0 ? KILN_DT_F64 : KILN_DT_F32;
-	kiln_tensor_t in[4];
-	cr_assert_eq(kiln_td_tensor_alloc(&in[0], dt, 4, xin), 0);
-	cr_assert_eq(kiln_td_tensor_alloc(&in[1], dt, 4, w4), 0);
-	if (cc->epilogue) {
-		cr_assert_eq(kiln_td_tensor_alloc(&in[2], dt, 4, s4), 0);
-		cr_assert_eq(kiln_td_tensor_alloc(&in[3], dt, 4, y4), 0);
-	}
-	for (uint32_t t = 0; t < nin; t++) {
-		int64_t cnt = 1;
-		for (int k = 0; k < 4; k++)
-			cnt *= in[t].sizes[k];
-		for (int64_t i = 0; i < cnt; i++) {
-			double v = kiln_td_prng_uniform(11 + (uint64_t)t,
-							(uint64_t)i, -1, 1);
-			if (dt == KILN_DT_F64)
-				((double *)in[t].data)[i] = v;
-			else
-				((float *)in[t].data)[i] = (float)v;
-		}
-	}
-	kiln_io_t args[4];
-	for (uint32_t t = 0; t < nin; t++)
-		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
-	void *ob[1] = {NULL};
-	kiln_io_t out[1];
-	rc = kiln_module_run(m, args, nin, ob, out, NULL, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_tensor_t want[1];
-	rc = kiln_interp_run(g, in, want, err, sizeof(err));
-	cr_assert_eq(rc, 0, "interp: %s", err);
 	/* sums of C·K·K products: f32 rounding grows with their number */
-	double rtol = dt == KILN_DT_F64 ? 1e-12 : 1e-4;
-	double atol = dt == KILN_DT_F64 ? 1e-12 : 1e-4;
-	kiln_td_cmp_t cr;
-	cr_expect(kiln_td_compare(&out[0].t, &want[0], rtol, atol, &cr),
-		  "%s N=%lld C=%lld %lldx%lld O=%lld k%lld: %s", cc->dt,
-		  (long long)cc->N, (long long)cc->C, (long long)cc->H,
-		  (long long)cc->W, (long long)cc->O, (long long)cc->K, cr.msg);
-	free(want[0].data);
-	free(ob[0]);
-	for (uint32_t t = 0; t < nin; t++)
-		kiln_td_tensor_free(&in[t]);
-	kiln_module_free(m);
+	bool f64 = strcmp(cc->dt, "f64") == 0;
+	char what[96];
+	snprintf(what, sizeof(what), "%s N=%lld C=%lld %lldx%lld O=%lld k%lld",
+		 cc->dt, (long long)cc->N, (long long)cc->C, (long long)cc->H,
+		 (long long)cc->W, (long long)cc->O, (long long)cc->K);
+	expect_matches_interp(kc, g, mode, 11, f64 ? 1e-12 : 1e-4, what);
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
 }
@@ -921,41 +901,7 @@ Test(autotune, products_and_convolutions_are_chosen_by_measurement,
 	free(r1);
 	free(r2);
 	/* the tuned artifact against the interpreter */
-	char err[512];
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	strcpy(opts.mode, "max-autotune");
-	kiln_artifact_t *a = NULL;
-	int rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_module_t *m = NULL;
-	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	int64_t sa[2] = {48, 40}, sb2[2] = {40, 1024};
-	kiln_tensor_t in[2];
-	cr_assert_eq(kiln_td_tensor_alloc(&in[0], KILN_DT_F32, 2, sa), 0);
-	cr_assert_eq(kiln_td_tensor_alloc(&in[1], KILN_DT_F32, 2, sb2), 0);
-	for (int t = 0; t < 2; t++)
-		for (int64_t i = 0; i < in[t].sizes[0] * in[t].sizes[1]; i++)
-			((float *)in[t].data)[i] = (float)kiln_td_prng_uniform(
-			    3 + (uint64_t)t, (uint64_t)i, -1, 1);
-	kiln_io_t args[2] = {{KILN_IO_TENSOR, 0, in[0]},
-			     {KILN_IO_TENSOR, 0, in[1]}};
-	void *ob[1] = {NULL};
-	kiln_io_t out[1];
-	rc = kiln_module_run(m, args, 2, ob, out, NULL, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	kiln_tensor_t want[1];
-	rc = kiln_interp_run(g, in, want, err, sizeof(err));
-	cr_assert_eq(rc, 0, "interp: %s", err);
-	kiln_td_cmp_t cr;
-	cr_expect(kiln_td_compare(&out[0].t, &want[0], 1e-5, 1e-5, &cr), "%s",
-		  cr.msg);
-	free(want[0].data);
-	free(ob[0]);
-	kiln_td_tensor_free(&in[0]);
-	kiln_td_tensor_free(&in[1]);
-	kiln_module_free(m);
+	expect_matches_interp(kc, g, "max-autotune", 3, 1e-5, "mm");
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
 	kiln_compiler_free(kc);

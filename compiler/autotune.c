@@ -398,8 +398,9 @@ static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
  * and 2 only: that node may become the tiled form's epilogue, which the
  * whole-image form rules out and a one-node timing cannot see. A product: 0
  * BLAS on row blocks, 1 BLAS on row and column blocks, 2 the GEMM template
- * (codegen.c cg_gemm_tmpl; where it does not apply, the same kernels as 0 or
- * 1). */
+ * (codegen.c cg_gemm_tmpl: B in place, or packed a panel at a time where
+ * it is transposed or does not fit in L2; where the template does not
+ * apply, the same kernels as 0 or 1). */
 static const char *variant_name(const char *op, int v)
 {
 	if (strcmp(op, "aten.convolution.default") == 0)

@@ -371,8 +371,11 @@ int sched_graph(cctx_t *c);
 /* codegen.c: the column block of a BLAS product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 /* codegen.c: whether a product node is multiplied by the GEMM template
- * rather than BLAS */
-bool cg_gemm_tmpl(cctx_t *c, const cnode_t *n);
+ * rather than BLAS: 0 BLAS, 1 the template on B as it is, 2 the template
+ * packing B a panel at a time */
+int cg_gemm_tmpl(cctx_t *c, const cnode_t *n);
+/* codegen.c: the heuristic's reason for that choice (kilnc --emit=kernels) */
+const char *cg_gemm_why(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);
 /* The lowered program: compute nodes and their bodies (kilnc --emit=ir). */
 char *sched_ir(cctx_t *c);

@@ -1782,61 +1782,52 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
 
 /* max-autotune's variant for a product node (autotune.c: 0 row blocks,
  * 1 row and column blocks, 2 the GEMM template), else -1 */
-static int gemm_forced(cctx_t *c, const cnode_t *n)
+static int gemm_forced(cctx_t *c, int32_t node)
 {
-	if (c->tune == NULL || n->node < 0)
+	if (c->tune == NULL || node < 0)
 		return -1;
-	const char *op = c->g->nodes[n->node].op;
+	const char *op = c->g->nodes[node].op;
 	if (strcmp(op, "aten.mm.default") == 0 ||
 	    strcmp(op, "aten.bmm.default") == 0 ||
 	    strcmp(op, "aten.addmm.default") == 0 ||
 	    strcmp(op, "aten.baddbmm.default") == 0)
-		return c->tune[n->node];
+		return c->tune[node];
 	return -1;
 }
 
-/* The GEMM template for a product (not BLAS): f32 on 16-lane vectors, B
- * with unit stride along N; max-autotune's choice, else when the part of
- * B one unit multiplies (K x its columns) is at most TG_B_MAX, so that it
- * stays in L2 while the unit's row blocks pass over it (the template does
- * not pack or block B as BLAS does). Measured with max-autotune (2
- * threads), template against the best BLAS variant: 256^3 (256 KiB of B)
- * 0.123 vs 0.131 ms, 2048x64x64 0.053 vs 0.078, 128x64x256 0.014 vs
- * 0.021, 37x100x77 0.004 both; from 512 KiB it loses: 512^3 in column
- * blocks of 256 (512 KiB) 1.244 vs 1.018, 64x576x3136 in blocks of 272
- * (612 KiB) 1.399 vs 1.407, 1024^3 26.5 vs 8.4. */
+/* The GEMM template for a product (not BLAS): f32 on 16-lane vectors.
+ * B is read in place when it has unit stride along N and the part of B one
+ * unit multiplies (K x its columns) is at most TG_B_MAX, so that it stays
+ * in L2 while the unit's row blocks pass over it. Measured with
+ * max-autotune (2 threads), in-place template against the best BLAS
+ * variant: 256^3 (256 KiB of B) 0.123 vs 0.131 ms, 2048x64x64 0.053 vs
+ * 0.078, 128x64x256 0.014 vs 0.021, 37x100x77 0.004 both; from 512 KiB it
+ * loses (panel rows ldb apart conflict in the caches): 512^3 in column
+ * blocks of 256 (512 KiB) 1.244 vs 1.018, 1024^3 26.5 vs 8.4. Beyond
+ * TG_B_MAX, or with B transposed, the template packs B a panel at a time
+ * (tgemm_pack; compiler/README.md has the figures against BLAS). */
 #define TG_B_MAX (256 * 1024)
 /* ... and when it has at least this many multiply-adds: on a tiny product
  * the template saves microseconds a call but costs the compile 4-18 ms
  * more than a BLAS call (mlp_bwd's three products of K = 8 and 16: 36 ->
  * 90 ms), and the smallest measured win was 128x64x256 (2^21). */
 #define TG_MIN_MACS (1 << 21)
+/* the longest K the packed template takes: a panel of K x CG_TG_NR floats
+ * on the stack (512 KiB) */
+#define TG_PACK_KMAX 4096
+/* ... and, by the heuristic, A of at most this many bytes (per batch): a
+ * task's rows of A are read again for each panel, where BLAS blocks A
+ * (1024^3, 4 MiB: 6.96 vs BLAS's 6.72 ms; 2048^3, 16 MiB: 56.2 vs 50.8) */
+#define TG_A_MAX (8 << 20)
 
-bool cg_gemm_tmpl(cctx_t *c, const cnode_t *n)
+/* The column block of a product's units (0: all of N), for A and B of
+ * graph node `node`; pack: B packed in panels (blocks whole panels). */
+static int64_t col_block(cctx_t *c, const lt_t *a, const lt_t *b, int32_t node,
+			 bool pack)
 {
-	const lt_t *a = n->ga, *b = n->gb;
-	uint32_t r = b->rank;
-	if (n->conv != NULL || c->bufs[n->buf].dtype != KILN_DT_F32 ||
-	    c->vec_width != 16 || !dim_is(b->strides[r - 1], 1))
-		return false;
-	int f = gemm_forced(c, n);
-	if (f >= 0)
-		return f == 2;
-	kiln_dim_t M = a->sizes[r - 2], K = a->sizes[r - 1],
-		   N = b->sizes[r - 1];
-	if (M.e != NULL || K.e != NULL || N.e != NULL ||
-	    M.c * N.c * K.c < TG_MIN_MACS)
-		return false;
-	int64_t nb = cg_gemm_col_block(c, n);
-	return K.c * (nb > 0 ? nb : N.c) * 4 <= TG_B_MAX;
-}
-
-int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
-{
-	const lt_t *a = n->ga, *b = n->gb;
 	uint32_t r = a->rank;
 	kiln_dim_t M = a->sizes[r - 2], N = b->sizes[r - 1];
-	if (n->conv != NULL || M.e != NULL || N.e != NULL)
+	if (M.e != NULL || N.e != NULL)
 		return 0;
 	int64_t batch = 1;
 	if (r == 3) {
@@ -1847,7 +1838,7 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 	/* max-autotune's choice for a product node (variant 0: row blocks
 	 * alone, 1: row and column blocks; 2, the template, takes the rule),
 	 * else the rule */
-	int forced = gemm_forced(c, n);
+	int forced = gemm_forced(c, node);
 	int64_t units = (M.c + GEMM_MB - 1) / GEMM_MB * (batch > 0 ? batch : 1);
 	if (units <= 0 || forced == 0 || N.c < 2 * GEMM_NB_MIN ||
 	    (units >= GEMM_UNITS && forced != 1))
@@ -1859,9 +1850,94 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 		nnb = N.c / GEMM_NB_MIN;
 	if (nnb <= 1)
 		return 0;
+	int64_t q = pack ? CG_TG_NR : 16;
 	int64_t nb = (N.c + nnb - 1) / nnb;
-	nb = (nb + 15) / 16 * 16;
+	nb = (nb + q - 1) / q * q;
 	return nb < N.c ? nb : 0;
+}
+
+/* Whether the template takes the product as it is (B row-major, small
+ * enough to stay in L2), by the heuristic or by max-autotune's choice. */
+static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
+{
+	const lt_t *a = n->ga, *b = n->gb;
+	uint32_t r = b->rank;
+	if (!dim_is(b->strides[r - 1], 1))
+		return false;
+	int f = gemm_forced(c, n->node);
+	kiln_dim_t M = a->sizes[r - 2], K = a->sizes[r - 1],
+		   N = b->sizes[r - 1];
+	bool stat = M.e == NULL && K.e == NULL && N.e == NULL;
+	int64_t nb = col_block(c, a, b, n->node, false);
+	bool fits = stat && K.c * (nb > 0 ? nb : N.c) * 4 <= TG_B_MAX;
+	if (f >= 0) /* max-autotune: packed where B does not fit */
+		return f == 2 && (fits || !stat);
+	return fits && M.c * N.c * K.c >= TG_MIN_MACS;
+}
+
+/* Whether the template takes the product packing B a panel at a time
+ * (tgemm): static sizes, K at most TG_PACK_KMAX. */
+static bool tmpl_packed(cctx_t *c, const cnode_t *n)
+{
+	const lt_t *a = n->ga, *b = n->gb;
+	uint32_t r = b->rank;
+	for (uint32_t d = 0; d < r; d++)
+		if (a->sizes[d].e != NULL || b->sizes[d].e != NULL)
+			return false;
+	int64_t M = a->sizes[r - 2].c, K = a->sizes[r - 1].c,
+		N = b->sizes[r - 1].c;
+	if (K > TG_PACK_KMAX || tmpl_unpacked(c, n))
+		return false;
+	int f = gemm_forced(c, n->node);
+	if (f >= 0)
+		return f == 2;
+	return M * N * K >= TG_MIN_MACS && M * K * 4 <= TG_A_MAX;
+}
+
+int cg_gemm_tmpl(cctx_t *c, const cnode_t *n)
+{
+	if (n->conv != NULL || c->bufs[n->buf].dtype != KILN_DT_F32 ||
+	    c->vec_width != 16)
+		return 0;
+	return tmpl_unpacked(c, n) ? 1 : tmpl_packed(c, n) ? 2 : 0;
+}
+
+const char *cg_gemm_why(cctx_t *c, const cnode_t *n)
+{
+	const lt_t *a = n->ga, *b = n->gb;
+	uint32_t r = b->rank;
+	switch (cg_gemm_tmpl(c, n)) {
+	case 1:
+		return "template: B's columns per unit fit in 256 KiB (L2), at "
+		       "least 2^21 multiply-adds";
+	case 2:
+		return "template packing B: at least 2^21 multiply-adds, A at "
+		       "most 8 MiB, K at most 4096";
+	default: break;
+	}
+	if (c->bufs[n->buf].dtype != KILN_DT_F32)
+		return "BLAS: the template is f32 only";
+	if (c->vec_width != 16)
+		return "BLAS: the template needs 16-lane vectors (AVX-512)";
+	for (uint32_t d = 0; d < r; d++)
+		if (a->sizes[d].e != NULL || b->sizes[d].e != NULL)
+			return "BLAS: symbolic sizes";
+	int64_t M = a->sizes[r - 2].c, K = a->sizes[r - 1].c,
+		N = b->sizes[r - 1].c;
+	if (M * N * K < TG_MIN_MACS)
+		return "BLAS: under 2^21 multiply-adds (the template's compile "
+		       "costs more than it saves)";
+	if (K > TG_PACK_KMAX)
+		return "BLAS: K over 4096 (the packed panel would not fit)";
+	return "BLAS: A over 8 MiB (BLAS blocks A; the template reads it "
+	       "again per panel)";
+}
+
+int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
+{
+	if (n->conv != NULL)
+		return 0;
+	return col_block(c, n->ga, n->gb, n->node, cg_gemm_tmpl(c, n) == 2);
 }
 
 static LLVMValueRef imax(gen_t *g, LLVMValueRef a, LLVMValueRef b)
@@ -1939,8 +2015,9 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
  * computing and storing its values again), else row i. */
 static void tgemm_block(gen_t *g, int mr, LLVMValueRef rmax, LLVMValueRef K,
 			LLVMValueRef ar, LLVMValueRef lda, LLVMValueRef sak,
-			LLVMValueRef bc, LLVMValueRef ldb, LLVMValueRef cr,
-			LLVMValueRef ldc, const LLVMValueRef *mask, int vw)
+			LLVMValueRef bc, LLVMValueRef ldb, bool pf,
+			LLVMValueRef cr, LLVMValueRef ldc,
+			const LLVMValueRef *mask, int vw)
 {
 	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, (unsigned)vw);
 	LLVMTypeRef over[2] = {vt, g->ptr};
@@ -1963,8 +2040,9 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef rmax, LLVMValueRef K,
 	 * are ldb apart, too far for the hardware prefetchers to run ahead
 	 * (256->256 at 14², K = 2304: 17.8-19.2 -> 16.6-17.2 ms; distances 4
 	 * and 8 less, K = 576 layers unchanged). Past the panel's end a
-	 * prefetch does not fault. */
-	for (int v = 0; v < TG_NV; v++) {
+	 * prefetch does not fault. A packed panel's rows are contiguous: no
+	 * prefetch. */
+	for (int v = 0; v < TG_NV && pf; v++) {
 		LLVMValueRef o = LLVMBuildAdd(
 		    g->b,
 		    LLVMBuildMul(g->b,
@@ -2028,7 +2106,7 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef rmax, LLVMValueRef K,
 static void tgemm_rows(gen_t *g, int mr, bool clamp, LLVMValueRef M,
 		       LLVMValueRef K, LLVMValueRef a, LLVMValueRef lda,
 		       LLVMValueRef sak, LLVMValueRef bc, LLVMValueRef ldb,
-		       LLVMValueRef cc, LLVMValueRef ldc,
+		       bool pf, LLVMValueRef cc, LLVMValueRef ldc,
 		       const LLVMValueRef *mask, int vw)
 {
 	LLVMTypeRef et = g->f32;
@@ -2051,18 +2129,85 @@ static void tgemm_rows(gen_t *g, int mr, bool clamp, LLVMValueRef M,
 	LLVMValueRef ao = LLVMBuildMul(g->b, r0, lda, "");
 	LLVMValueRef co = LLVMBuildMul(g->b, r0, ldc, "");
 	tgemm_block(g, mr, rmax, K, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda,
-		    sak, bc, ldb, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""), ldc,
-		    mask, vw);
+		    sak, bc, ldb, pf, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""),
+		    ldc, mask, vw);
 	loop_end(g, &I);
+}
+
+/* Copies B's columns [j, j + nr) (masks: those under N), element (k, j)
+ * at b[k·ldb + j·sbn], to the panel pk: row k at pk[k·nr], zeros past N.
+ * Unit sbn: masked vector loads; else gathers (a transposed weight). */
+static void tgemm_pack(gen_t *g, LLVMValueRef K, LLVMValueRef b,
+		       LLVMValueRef ldb, LLVMValueRef sbn, bool unit,
+		       LLVMValueRef j, LLVMValueRef pk,
+		       const LLVMValueRef *mask, int vw)
+{
+	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, (unsigned)vw);
+	LLVMTypeRef pvt = LLVMVectorType(g->ptr, (unsigned)vw);
+	LLVMTypeRef over[2] = {vt, g->ptr}, gover[2] = {vt, pvt};
+	LLVMValueRef lane[TG_NV];
+	if (!unit) {
+		/* lane l of vector v: column j + v·vw + l, at (..)·sbn */
+		for (int v = 0; v < TG_NV; v++) {
+			LLVMValueRef ls[64];
+			for (int l = 0; l < vw; l++)
+				ls[l] = LLVMConstInt(g->i64,
+						     (uint64_t)(v * vw + l), 0);
+			LLVMValueRef col =
+			    LLVMBuildAdd(g->b, cg_splat(g, j, vw),
+					 LLVMConstVector(ls, (unsigned)vw), "");
+			lane[v] =
+			    LLVMBuildMul(g->b, col, cg_splat(g, sbn, vw), "");
+		}
+	}
+	loop_t Kl;
+	loop_begin(g, &Kl, LLVMConstInt(g->i64, 0, 0), K, 1);
+	LLVMValueRef row = LLVMBuildMul(g->b, Kl.i, ldb, "");
+	for (int v = 0; v < TG_NV; v++) {
+		LLVMValueRef val;
+		if (unit) {
+			LLVMValueRef o = LLVMBuildAdd(
+			    g->b, LLVMBuildAdd(g->b, row, j, ""),
+			    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0), "");
+			LLVMValueRef args[4] = {
+			    LLVMBuildGEP2(g->b, et, b, &o, 1, ""),
+			    LLVMConstInt(g->i32, 4, 0), mask[v],
+			    LLVMConstNull(vt)};
+			val = cg_intr(g, "llvm.masked.load", over, 2, args, 4);
+		} else {
+			LLVMValueRef o = LLVMBuildAdd(
+			    g->b, lane[v], cg_splat(g, Kl.i, vw), "");
+			LLVMValueRef args[4] = {
+			    LLVMBuildGEP2(g->b, et, b, &o, 1, ""),
+			    LLVMConstInt(g->i32, 4, 0), mask[v],
+			    LLVMConstNull(vt)};
+			val =
+			    cg_intr(g, "llvm.masked.gather", gover, 2, args, 4);
+		}
+		LLVMValueRef o = LLVMBuildAdd(
+		    g->b,
+		    LLVMBuildMul(
+			g->b, Kl.i,
+			LLVMConstInt(g->i64, (uint64_t)(TG_NV * vw), 0), ""),
+		    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0), "");
+		LLVMValueRef st = LLVMBuildStore(
+		    g->b, val, LLVMBuildGEP2(g->b, et, pk, &o, 1, ""));
+		LLVMSetAlignment(st, 64);
+	}
+	loop_end(g, &Kl);
 }
 
 /* M: static (ms >= 0; a convolution's O) or only known at run time (ms <
  * 0; a product's rows per unit, which may be under TG_MR: the one block
- * then repeats its last row). A element (i, k) is a[i·lda + k·sak]. */
+ * then repeats its last row). A element (i, k) is a[i·lda + k·sak]. B
+ * element (k, j) at b[k·ldb + j] read in place, or with a panel scratch
+ * pk (K x nr floats, 64-byte aligned) at b[k·ldb + j·sbn], each panel
+ * copied there first (tgemm_pack) and read from there. */
 static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
 		  LLVMValueRef K, LLVMValueRef a, LLVMValueRef lda,
 		  LLVMValueRef sak, LLVMValueRef b, LLVMValueRef ldb,
-		  LLVMValueRef c, LLVMValueRef ldc)
+		  LLVMValueRef pk, LLVMValueRef sbn, bool unit, LLVMValueRef c,
+		  LLVMValueRef ldc)
 {
 	LLVMTypeRef et = g->f32;
 	int vw = g->c->vec_width;
@@ -2098,9 +2243,15 @@ static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
 				     LLVMVectorType(g->i1, (unsigned)vw), "");
 	}
 	LLVMValueRef bc = LLVMBuildGEP2(g->b, et, b, &J.i, 1, "");
+	LLVMValueRef bld = ldb;
+	if (pk != NULL) {
+		tgemm_pack(g, K, b, ldb, sbn, unit, J.i, pk, mask, vw);
+		bc = pk;
+		bld = LLVMConstInt(g->i64, (uint64_t)nr, 0);
+	}
 	LLVMValueRef cc = LLVMBuildGEP2(g->b, et, c, &J.i, 1, "");
 	tgemm_rows(g, ms >= 0 && ms < TG_MR ? (int)ms : TG_MR, ms < 0, M, K, a,
-		   lda, sak, bc, ldb, cc, ldc, mask, vw);
+		   lda, sak, bc, bld, pk == NULL, cc, ldc, mask, vw);
 	loop_end(g, &J);
 }
 
@@ -2174,8 +2325,17 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			   (uint64_t)((b->sizes[r - 1].c + nb_c - 1) / nb_c), 0)
 		     : one;
 	/* the product of a unit: the GEMM template, or BLAS */
-	bool tmpl = cg_gemm_tmpl(c, n);
+	int tk = cg_gemm_tmpl(c, n);
+	bool tmpl = tk != 0;
 	LLVMValueRef fn = tmpl ? NULL : blas_fn(g, f64);
+	/* the packed template's panel: K x CG_TG_NR floats */
+	LLVMValueRef pk = NULL;
+	if (tk == 2) {
+		pk = entry_alloca(
+		    g, LLVMArrayType(et,
+				     (unsigned)(a->sizes[r - 1].c * CG_TG_NR)));
+		LLVMSetAlignment(pk, 64);
+	}
 	/* with an epilogue: each 64-row block goes to a scratch, and the
 	 * epilogue runs on those rows (its body reading the product from
 	 * there) */
@@ -2267,9 +2427,10 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMBuildCondBr(g->b, ok, call, skip);
 	LLVMPositionBuilderAtEnd(g->b, call);
 	if (tmpl) {
-		/* B has unit stride along N (cg_gemm_tmpl); A any strides */
-		tgemm(g, -1, rows, ncols, K, ap, sam, sak, bp, sbk, cp,
-		      imax(g, N, one));
+		/* B in place (unit stride along N) or packed a panel at a
+		 * time into pk (any strides); A any strides */
+		tgemm(g, -1, rows, ncols, K, ap, sam, sak, bp, sbk, pk, sbn,
+		      dim_is(b->strides[r - 1], 1), cp, imax(g, N, one));
 	} else {
 		LLVMValueRef mnk[3] = {rows, ncols, K};
 		blas_call(g, fn, f64, ta, tb, mnk, ap, lda, bp, ldb, cp,
@@ -2511,8 +2672,8 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		LLVMPositionBuilderAtEnd(g->b, call);
 		tgemm(g, cs->O, K64(g, cs->O), pt, K64(g, CKK),
 		      LLVMBuildGEP2(g->b, et, wp, &woff, 1, ""), lda, K64(g, 1),
-		      sp, pt, LLVMBuildGEP2(g->b, et, op, &coff, 1, ""),
-		      K64(g, P));
+		      sp, pt, NULL, NULL, true,
+		      LLVMBuildGEP2(g->b, et, op, &coff, 1, ""), K64(g, P));
 	} else {
 		LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, fn, ""), call,
 				skip);

@@ -4,7 +4,9 @@
  * A product becomes a gemm compute node, P[b, m, n] = sum_k A[b,m,k] *
  * B[b,k,n], over strided views of two buffers (a transposed weight is just
  * a view: BLAS reads it as "transposed", no copy). The kernel it gets calls
- * a BLAS sgemm/dgemm on row blocks in parallel (codegen.c); addmm's
+ * a BLAS sgemm/dgemm, or runs kiln's GEMM template (which packs a
+ * transposed or large B a panel at a time itself), on row blocks in
+ * parallel (codegen.c cg_gemm_tmpl); addmm's
  * beta*bias + alpha*P, and whatever pointwise ops follow, fuse into the
  * next kernel, which becomes the product's epilogue when it reads the
  * product element for element and alone (sched.c fuse_epilogues): the

@@ -755,11 +755,15 @@ char *sched_report(cctx_t *c)
 			const cnode_t *n = &c->nodes[k->members[0].node];
 			const lt_t *a = n->ga, *b = n->gb;
 			uint32_t r = a->rank;
-			if (cg_gemm_tmpl(c, n))
+			int tk = cg_gemm_tmpl(c, n);
+			if (tk != 0)
 				sb_printf(&s,
 					  "%s: matmul via GEMM template "
-					  "(%dx%d register tiles) ",
-					  k->name, CG_TG_MR, CG_TG_NR);
+					  "(%dx%d register tiles%s) ",
+					  k->name, CG_TG_MR, CG_TG_NR,
+					  tk == 2 ? ", B packed a panel at a "
+						    "time"
+						  : "");
 			else
 				sb_printf(&s, "%s: matmul via BLAS %s ",
 					  k->name,
@@ -799,7 +803,12 @@ char *sched_report(cctx_t *c)
 						 1023) /
 						1024));
 			}
-			report_tune(c, &s, n->node);
+			if (c->tune_why != NULL && n->node >= 0 &&
+			    c->tune_why[n->node][0] != '\0')
+				report_tune(c, &s, n->node);
+			else
+				sb_printf(&s, "    by the heuristic: %s\n",
+					  cg_gemm_why(c, n));
 			continue;
 		}
 		sb_printf(&s, "%s: %s ", k->name,

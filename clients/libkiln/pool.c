@@ -36,8 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SPIN_NS	 50000 /* idle spin before sleeping: 50 us */
-#define WAIT_BIT 0x80000000u
+#define SPIN_NS	   50000 /* idle spin before sleeping: 50 us */
+#define WAIT_BIT   0x80000000u
+#define POOL_STACK (8u << 20) /* each worker's stack: 8 MiB */
 
 typedef struct job {
 	kiln_range_fn fn;
@@ -192,9 +193,15 @@ int kiln_pool_new(unsigned n_threads, kiln_pool_t **out)
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
+	/* kernels keep scratches of up to 1 MiB on the stack of the thread
+	 * that runs them: workers get POOL_STACK whatever RLIMIT_STACK says */
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, POOL_STACK);
 	int rc = 0;
 	for (unsigned i = 0; i + 1 < n_threads; i++) {
-		if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
+		if (pthread_create(&p->threads[i], &attr, worker_main, p) !=
+		    0) {
 			rc = -EAGAIN;
 			break;
 		}
@@ -203,6 +210,7 @@ int kiln_pool_new(unsigned n_threads, kiln_pool_t **out)
 		pthread_setname_np(p->threads[i], name);
 		p->n_workers++;
 	}
+	pthread_attr_destroy(&attr);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (rc != 0) {
 		kiln_pool_free(p);

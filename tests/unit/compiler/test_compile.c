@@ -470,12 +470,19 @@ Test(fusion, few_row_blocks_split_columns)
 {
 	kiln_compiler_t *kc = new_compiler();
 	/* 1 row block: 3136 / 12 columns (at least 256 each), rounded up
-	 * to a multiple of 16 */
+	 * to a multiple of 16 for BLAS, of a whole 32-column panel for the
+	 * packed template (AVX-512 f32) */
 	char *rep = mm_report(kc, 64, 576, 3136);
-	cr_expect(strstr(rep, "columns in blocks of 272") != NULL, "%s", rep);
+	bool packed = strstr(rep, "B packed a panel at a time") != NULL;
+	cr_expect(strstr(rep, packed ? "columns in blocks of 288"
+				     : "columns in blocks of 272") != NULL,
+		  "%s", rep);
 	free(rep);
+	/* many row blocks: rows alone */
 	rep = mm_report(kc, 4096, 64, 3136);
-	cr_expect(strstr(rep, "matmul via BLAS") != NULL, "%s", rep);
+	cr_expect(strstr(rep, packed ? "B packed a panel at a time"
+				     : "matmul via BLAS") != NULL,
+		  "%s", rep);
 	cr_expect(strstr(rep, "columns in blocks") == NULL, "%s", rep);
 	free(rep);
 	kiln_compiler_free(kc);
@@ -539,16 +546,19 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 	kiln_module_free(m);
 }
 
-/* A product through the GEMM template (codegen.c cg_gemm_tmpl: f32, B
- * row-major, at least 2^21 multiply-adds, at most 256 KiB of B per unit)
- * against the interpreter: y = relu(a @ b) with a [B, M, K] (stored as
- * [B, K, M] and transposed when at: broadcasts along a column) and b
- * [B, K, N]; relu becomes the product's epilogue. */
+/* A product through the GEMM template (codegen.c cg_gemm_tmpl: f32, at
+ * least 2^21 multiply-adds; B read in place when row-major with at most
+ * 256 KiB per unit, else packed a panel at a time) against the
+ * interpreter: y = relu(a @ b) with a [B, M, K] (stored as [B, K, M] and
+ * transposed when at: broadcasts along a column) and b [B, K, N] (stored
+ * as [B, N, K] and transposed when bt: a weight as linear has it, packed
+ * by gathers); relu becomes the product's epilogue. */
 static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
-			  int64_t N, bool at)
+			  int64_t N, bool at, bool bt)
 {
-	int64_t as[3] = {B, at ? K : M, at ? M : K}, bs[3] = {B, K, N};
-	int64_t ys[3] = {B, M, N}, am[3] = {B, M, K};
+	int64_t as[3] = {B, at ? K : M, at ? M : K};
+	int64_t bs[3] = {B, bt ? N : K, bt ? K : N};
+	int64_t ys[3] = {B, M, N}, am[3] = {B, M, K}, bm[3] = {B, K, N};
 	gb_t b;
 	gb_init(&b);
 	msgpack_pack_map(&b.pk, 4);
@@ -567,23 +577,31 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 			msgpack_pack_int64(&b.pk, in_shape[t][k]);
 	}
 	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, at ? 3 : 2);
-	uint32_t v = 2;
-	const int64_t *shapes[3] = {am, ys, ys};
-	for (int k = at ? 0 : 1; k < 3; k++) {
-		if (k == 0) {
+	msgpack_pack_array(&b.pk, 2 + at + bt);
+	/* values: 0 a, 1 b, then each node's output */
+	uint32_t v = 2, av = 0, bv = 1;
+	const int64_t *shapes[4] = {am, bm, ys, ys};
+	for (int k = 0; k < 4; k++) {
+		if ((k == 0 && !at) || (k == 1 && !bt))
+			continue;
+		if (k < 2) {
 			node_head(&b, "aten.transpose.int", 3);
-			ref(&b, 0);
+			ref(&b, (uint32_t)k);
 			msgpack_pack_int64(&b.pk, 1);
 			msgpack_pack_int64(&b.pk, 2);
-		} else if (k == 1) {
+			if (k == 0)
+				av = v;
+			else
+				bv = v;
+		} else if (k == 2) {
 			node_head(&b, "aten.bmm.default", 2);
-			ref(&b, at ? v++ : 0);
-			ref(&b, 1);
+			ref(&b, av);
+			ref(&b, bv);
 		} else {
 			node_head(&b, "aten.relu.default", 1);
-			ref(&b, v++);
+			ref(&b, v - 1);
 		}
+		v++;
 		s(&b, "out");
 		msgpack_pack_array(&b.pk, 1);
 		msgpack_pack_map(&b.pk, 2);
@@ -596,19 +614,22 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 	}
 	s(&b, "outputs");
 	msgpack_pack_array(&b.pk, 1);
-	ref(&b, v);
+	ref(&b, v - 1);
 	kiln_graph_t *g = graph_from_json_like("bmm", &b.sb);
 	char *rep = NULL;
 	n_kernels(kc, g, &rep);
+	bool packed = bt || K * N * 4 > 256 * 1024;
 	if (__builtin_cpu_supports("avx512f"))
-		cr_expect(strstr(rep, "matmul via GEMM template (8x32 register "
-				      "tiles)") != NULL &&
+		cr_expect(strstr(rep, packed ? "register tiles, B packed a "
+					       "panel at a time)"
+					     : "register tiles)") != NULL &&
 			      strstr(rep, "epilogue") != NULL,
 			  "%s", rep);
 	free(rep);
 	char what[96];
-	snprintf(what, sizeof(what), "B=%lld M=%lld K=%lld N=%lld at=%d",
-		 (long long)B, (long long)M, (long long)K, (long long)N, at);
+	snprintf(what, sizeof(what), "B=%lld M=%lld K=%lld N=%lld at=%d bt=%d",
+		 (long long)B, (long long)M, (long long)K, (long long)N, at,
+		 bt);
 	expect_matches_interp(kc, g, "default", 21, 1e-4, what);
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
@@ -618,13 +639,18 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
  * overlapping) or of 6 (one block repeating its last row), 77, 100 and
  * 500 columns (masked tails), a transposed A, a batch of 3 with 45 rows;
  * the batch of 1 checks that a size-1 dim does not keep relu from being
- * the epilogue. */
+ * the epilogue. Packed B: a transposed B (gathered) with a tail of 13
+ * columns, both operands transposed in a batch of 3, and a row-major B of
+ * 1.1 MiB (masked loads), its last panel's tail zero-filled. */
 Test(fusion, gemm_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
-	check_tmpl_mm(kc, 1, 150, 200, 77, true);
-	check_tmpl_mm(kc, 1, 70, 300, 100, false);
-	check_tmpl_mm(kc, 3, 45, 100, 500, false);
+	check_tmpl_mm(kc, 1, 150, 200, 77, true, false);
+	check_tmpl_mm(kc, 1, 70, 300, 100, false, false);
+	check_tmpl_mm(kc, 3, 45, 100, 500, false, false);
+	check_tmpl_mm(kc, 1, 100, 300, 77, false, true);
+	check_tmpl_mm(kc, 3, 200, 128, 90, true, true);
+	check_tmpl_mm(kc, 1, 70, 600, 500, false, false);
 	kiln_compiler_free(kc);
 }
 

@@ -368,7 +368,7 @@ int sched_graph(cctx_t *c);
  * columns (f32, 16-lane vectors) */
 #define CG_TG_MR 8
 #define CG_TG_NR 32
-/* codegen.c: the column block of a BLAS product's units (0: all of N) */
+/* codegen.c: the column block of a product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 /* codegen.c: whether a product node is multiplied by the GEMM template
  * rather than BLAS: 0 BLAS, 1 the template on B as it is, 2 the template

@@ -1775,8 +1775,8 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
  * whatever the pool's size; it is split into column blocks until there are
  * GEMM_UNITS units, each at least GEMM_NB_MIN columns wide (so each BLAS
  * call still streams whole panels) and a multiple of 16 (a cache line of
- * f32). Only for static M, N (and batch): a symbolic size keeps the row
- * blocks alone. */
+ * f32), or of CG_TG_NR (a whole panel) for the packed template. Only for
+ * static M, N (and batch): a symbolic size keeps the row blocks alone. */
 #define GEMM_UNITS  32
 #define GEMM_NB_MIN 256
 
@@ -2175,8 +2175,8 @@ static void tgemm_pack(gen_t *g, LLVMValueRef K, LLVMValueRef b,
 			    LLVMConstNull(vt)};
 			val = cg_intr(g, "llvm.masked.load", over, 2, args, 4);
 		} else {
-			LLVMValueRef o = LLVMBuildAdd(
-			    g->b, lane[v], cg_splat(g, Kl.i, vw), "");
+			LLVMValueRef o = LLVMBuildAdd(g->b, lane[v],
+						      cg_splat(g, row, vw), "");
 			LLVMValueRef args[4] = {
 			    LLVMBuildGEP2(g->b, et, b, &o, 1, ""),
 			    LLVMConstInt(g->i32, 4, 0), mask[v],
@@ -2430,7 +2430,9 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		/* B in place (unit stride along N) or packed a panel at a
 		 * time into pk (any strides); A any strides */
 		tgemm(g, -1, rows, ncols, K, ap, sam, sak, bp, sbk, pk, sbn,
-		      dim_is(b->strides[r - 1], 1), cp, imax(g, N, one));
+		      dim_is(b->strides[r - 1], 1) ||
+			  dim_is(b->sizes[r - 1], 1),
+		      cp, imax(g, N, one));
 	} else {
 		LLVMValueRef mnk[3] = {rows, ncols, K};
 		blas_call(g, fn, f64, ta, tb, mnk, ap, lda, bp, ldb, cp,
@@ -2828,6 +2830,13 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 				LLVMCreateEnumAttribute(g->ctx, inl, 0));
 	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,
 				LLVMCreateEnumAttribute(g->ctx, nounwind, 0));
+	/* scratches of up to 1 MiB live in the body's frame: probe it a
+	 * page at a time, so that a thread short of stack faults on its
+	 * guard page instead of writing past it */
+	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,
+				LLVMCreateStringAttribute(g->ctx, "probe-stack",
+							  11, "inline-asm",
+							  10));
 	g->fn = bf;
 	LLVMBasicBlockRef entry =
 	    LLVMAppendBasicBlockInContext(g->ctx, bf, "entry");

@@ -84,7 +84,7 @@ def kiln_run_ms(graph, inputs, outputs):
 
 
 def bench_gemm(torch):
-    print("\n== GEMM: GFLOP/s (kiln: BLAS, or the GEMM template where B is small, on kiln's pool)")
+    print("\n== GEMM: GFLOP/s (kiln: the GEMM template or BLAS, by the recorded heuristic, on kiln's pool)")
     print(f"{'shape (MxKxN)':>22} {'kiln':>8} {'torch.mm':>9} {'ratio':>6}")
     shapes = [(n, n, n) for n in (256, 512, 1024, 2048)]
     shapes += [(512, 768, 768), (512, 768, 3072), (512, 3072, 768), (2048, 64, 64)]

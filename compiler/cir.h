@@ -372,7 +372,7 @@ int sched_graph(cctx_t *c);
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 /* codegen.c: whether a product node is multiplied by the GEMM template
  * rather than BLAS: 0 BLAS, 1 the template on B as it is, 2 the template
- * packing B a panel at a time */
+ * packing B a panel at a time, 3 the template blocked with A and B packed */
 int cg_gemm_tmpl(cctx_t *c, const cnode_t *n);
 /* codegen.c: the heuristic's reason for that choice (kilnc --emit=kernels) */
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n);

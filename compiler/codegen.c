@@ -1812,13 +1812,28 @@ static int gemm_forced(cctx_t *c, int32_t node)
  * more than a BLAS call (mlp_bwd's three products of K = 8 and 16: 36 ->
  * 90 ms), and the smallest measured win was 128x64x256 (2^21). */
 #define TG_MIN_MACS (1 << 21)
-/* the longest K the packed template takes: a panel of K x CG_TG_NR floats
- * on the stack (512 KiB) */
-#define TG_PACK_KMAX 4096
-/* ... and, by the heuristic, A of at most this many bytes (per batch): a
- * task's rows of A are read again for each panel, where BLAS blocks A
- * (1024^3, 4 MiB: 6.96 vs BLAS's 6.72 ms; 2048^3, 16 MiB: 56.2 vs 50.8) */
+/* ... and, packing B, by the heuristic A of at most this many bytes (per
+ * batch): beyond it BLAS measured as fast or faster (blocked, best of
+ * three: 2048^3, 16 MiB, 47.2 vs BLAS's 45.9 ms; 512x4608x784, a batched
+ * 7² convolution's product, 9 MiB, 13.9 vs 13.4; within it 1024^3 5.87 vs
+ * 6.18) */
 #define TG_A_MAX (8 << 20)
+/* A packed product is blocked (tgemm_blocked) rather than packed a whole
+ * panel at a time when A (per batch) is over TG_BLOCK_A bytes, read again
+ * per panel from beyond L2 otherwise, or K over TG_PANEL_K (the panel's
+ * K x 32 floats on the stack, 512 KiB). Panel vs blocked, run back to back:
+ * 512^3 (1 MiB) 0.684 vs 0.699 ms, 4096x64x3136 (1 MiB) 4.56 vs 5.02,
+ * linear 512x768x768 (1.5 MiB) 1.60 vs 1.68, 128x1152x784 (576 KiB) 1.02
+ * vs 1.11; against BLAS in each run, 1024^3 (4 MiB) 0.95-0.98 of its
+ * time blocked vs 1.04 in panels, 512x3072x768 (6 MiB) 0.85-0.94 vs 0.96. */
+#define TG_BLOCK_A (2 << 20)
+/* ... and, by the heuristic, a row-major B only with at least this many
+ * rows: with fewer, BLAS packs B more cheaply for them (ResNet-18's
+ * batch-1 whole-image products, 128x1152x784, 256x2304x196, 128x576x784:
+ * 1.06, 1.04 and 1.02 of BLAS's time; 512^3 0.86-0.93); a transposed B
+ * (BLAS's slower case) at any M (linear 32x768x3072: 0.66-0.74) */
+#define TG_PACK_MIN_M 512
+#define TG_PANEL_K    4096
 
 /* The column block of a product's units (0: all of N), for A and B of
  * graph node `node`; pack: B packed in panels (blocks whole panels). */
@@ -1875,8 +1890,8 @@ static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
 	return fits && M.c * N.c * K.c >= TG_MIN_MACS;
 }
 
-/* Whether the template takes the product packing B a panel at a time
- * (tgemm): static sizes, K at most TG_PACK_KMAX. */
+/* Whether the template takes the product packing B (a panel at a time, or
+ * blocked with A packed too): static sizes. */
 static bool tmpl_packed(cctx_t *c, const cnode_t *n)
 {
 	const lt_t *a = n->ga, *b = n->gb;
@@ -1886,11 +1901,13 @@ static bool tmpl_packed(cctx_t *c, const cnode_t *n)
 			return false;
 	int64_t M = a->sizes[r - 2].c, K = a->sizes[r - 1].c,
 		N = b->sizes[r - 1].c;
-	if (K > TG_PACK_KMAX || tmpl_unpacked(c, n))
+	if (tmpl_unpacked(c, n))
 		return false;
 	int f = gemm_forced(c, n->node);
 	if (f >= 0)
 		return f == 2;
+	if (dim_is(b->strides[r - 1], 1) && M < TG_PACK_MIN_M)
+		return false;
 	return M * N * K >= TG_MIN_MACS && M * K * 4 <= TG_A_MAX;
 }
 
@@ -1899,7 +1916,13 @@ int cg_gemm_tmpl(cctx_t *c, const cnode_t *n)
 	if (n->conv != NULL || c->bufs[n->buf].dtype != KILN_DT_F32 ||
 	    c->vec_width != 16)
 		return 0;
-	return tmpl_unpacked(c, n) ? 1 : tmpl_packed(c, n) ? 2 : 0;
+	if (tmpl_unpacked(c, n))
+		return 1;
+	if (!tmpl_packed(c, n))
+		return 0;
+	const lt_t *a = n->ga;
+	int64_t M = a->sizes[a->rank - 2].c, K = a->sizes[a->rank - 1].c;
+	return K > TG_PANEL_K || M * K * 4 > TG_BLOCK_A ? 3 : 2;
 }
 
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n)
@@ -1911,8 +1934,13 @@ const char *cg_gemm_why(cctx_t *c, const cnode_t *n)
 		return "template: B's columns per unit fit in 256 KiB (L2), at "
 		       "least 2^21 multiply-adds";
 	case 2:
-		return "template packing B: at least 2^21 multiply-adds, A at "
-		       "most 8 MiB, K at most 4096";
+		return "template packing B a panel at a time: at least 2^21 "
+		       "multiply-adds, B transposed or 512 rows and more, A at "
+		       "most 2 MiB, K at most 4096";
+	case 3:
+		return "template blocked, A and B packed: at least 2^21 "
+		       "multiply-adds, B transposed or 512 rows and more, A "
+		       "over 2 MiB (at most 8 MiB) or K over 4096";
 	default: break;
 	}
 	if (c->bufs[n->buf].dtype != KILN_DT_F32)
@@ -1922,22 +1950,22 @@ const char *cg_gemm_why(cctx_t *c, const cnode_t *n)
 	for (uint32_t d = 0; d < r; d++)
 		if (a->sizes[d].e != NULL || b->sizes[d].e != NULL)
 			return "BLAS: symbolic sizes";
-	int64_t M = a->sizes[r - 2].c, K = a->sizes[r - 1].c,
-		N = b->sizes[r - 1].c;
-	if (M * N * K < TG_MIN_MACS)
+	if (a->sizes[r - 2].c * a->sizes[r - 1].c * b->sizes[r - 1].c <
+	    TG_MIN_MACS)
 		return "BLAS: under 2^21 multiply-adds (the template's compile "
 		       "costs more than it saves)";
-	if (K > TG_PACK_KMAX)
-		return "BLAS: K over 4096 (the packed panel would not fit)";
-	return "BLAS: A over 8 MiB (BLAS blocks A; the template reads it "
-	       "again per panel)";
+	if (dim_is(b->strides[r - 1], 1) && a->sizes[r - 2].c < TG_PACK_MIN_M)
+		return "BLAS: B row-major and too large for L2, under 512 rows "
+		       "(BLAS packs it more cheaply)";
+	return "BLAS: A over 8 MiB (measured as fast as the template or "
+	       "faster)";
 }
 
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
 {
 	if (n->conv != NULL)
 		return 0;
-	return col_block(c, n->ga, n->gb, n->node, cg_gemm_tmpl(c, n) == 2);
+	return col_block(c, n->ga, n->gb, n->node, cg_gemm_tmpl(c, n) >= 2);
 }
 
 static LLVMValueRef imax(gen_t *g, LLVMValueRef a, LLVMValueRef b)
@@ -2009,6 +2037,16 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
 #define TG_MR CG_TG_MR
 #define TG_NV 2	 /* vectors: CG_TG_NR columns at 16 lanes */
 #define TG_PF 16 /* rows of B prefetched ahead */
+/* tgemm_blocked's blocks: TG_KC rows of B by TG_NC columns (512 KiB in
+ * L2, a panel 64 KiB), TG_MC rows of A by TG_KC (128 KiB). Measured on
+ * 2048^3, 1024^3, 512x3072x768 and 512x4608x784 against KC/NC/MC of
+ * 256/512/128, 256/512/64, 512/512/64, 256/256/64, 128/1024/128 and
+ * 384/384/96: 512/512/64 and 512/256/64 were best, within the noise of
+ * each other (2048^3 47.8 and 48.8 ms, 256/512/128 50.9-56.2); the
+ * smaller B block keeps the stack at 640 KiB. */
+#define TG_KC 512
+#define TG_NC 256
+#define TG_MC 64
 
 /* One block of mr rows: row i of the block is row min(i, rmax) when rmax
  * is given (fewer rows than mr left: the extra rows repeat the last one,
@@ -2016,7 +2054,7 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
 static void tgemm_block(gen_t *g, int mr, LLVMValueRef rmax, LLVMValueRef K,
 			LLVMValueRef ar, LLVMValueRef lda, LLVMValueRef sak,
 			LLVMValueRef bc, LLVMValueRef ldb, bool pf,
-			LLVMValueRef cr, LLVMValueRef ldc,
+			LLVMValueRef accum, LLVMValueRef cr, LLVMValueRef ldc,
 			const LLVMValueRef *mask, int vw)
 {
 	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, (unsigned)vw);
@@ -2027,11 +2065,28 @@ static void tgemm_block(gen_t *g, int mr, LLVMValueRef rmax, LLVMValueRef K,
 		if (rmax != NULL)
 			row[i] = imin(g, row[i], rmax);
 	}
+	/* accumulators: zero, or where accum is true at run time C's values
+	 * (a later block of K adding to them) */
 	LLVMValueRef acc[TG_MR][TG_NV];
 	for (int i = 0; i < mr; i++)
 		for (int v = 0; v < TG_NV; v++) {
 			acc[i][v] = entry_alloca(g, vt);
-			LLVMBuildStore(g->b, LLVMConstNull(vt), acc[i][v]);
+			LLVMValueRef init = LLVMConstNull(vt);
+			if (accum != NULL) {
+				LLVMValueRef o = LLVMBuildAdd(
+				    g->b, LLVMBuildMul(g->b, row[i], ldc, ""),
+				    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0),
+				    "");
+				LLVMValueRef args[4] = {
+				    LLVMBuildGEP2(g->b, et, cr, &o, 1, ""),
+				    LLVMConstInt(g->i32, 4, 0),
+				    LLVMBuildAnd(g->b, mask[v],
+						 cg_splat(g, accum, vw), ""),
+				    LLVMConstNull(vt)};
+				init = cg_intr(g, "llvm.masked.load", over, 2,
+					       args, 4);
+			}
+			LLVMBuildStore(g->b, init, acc[i][v]);
 		}
 	loop_t Kl;
 	loop_begin(g, &Kl, LLVMConstInt(g->i64, 0, 0), K, 1);
@@ -2129,8 +2184,8 @@ static void tgemm_rows(gen_t *g, int mr, bool clamp, LLVMValueRef M,
 	LLVMValueRef ao = LLVMBuildMul(g->b, r0, lda, "");
 	LLVMValueRef co = LLVMBuildMul(g->b, r0, ldc, "");
 	tgemm_block(g, mr, rmax, K, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda,
-		    sak, bc, ldb, pf, LLVMBuildGEP2(g->b, et, cc, &co, 1, ""),
-		    ldc, mask, vw);
+		    sak, bc, ldb, pf, NULL,
+		    LLVMBuildGEP2(g->b, et, cc, &co, 1, ""), ldc, mask, vw);
 	loop_end(g, &I);
 }
 
@@ -2197,6 +2252,33 @@ static void tgemm_pack(gen_t *g, LLVMValueRef K, LLVMValueRef b,
 	loop_end(g, &Kl);
 }
 
+/* The masks of the TG_NV vectors of the column panel at j: vector v's
+ * the low min(max(N - j - v·vw, 0), vw) bits. */
+static void tg_masks(gen_t *g, LLVMValueRef N, LLVMValueRef j,
+		     LLVMValueRef *mask, int vw)
+{
+	LLVMTypeRef mt = LLVMIntTypeInContext(g->ctx, (unsigned)vw);
+	for (int v = 0; v < TG_NV; v++) {
+		LLVMValueRef left = LLVMBuildSub(
+		    g->b, N,
+		    LLVMBuildAdd(g->b, j,
+				 LLVMConstInt(g->i64, (uint64_t)(v * vw), 0),
+				 ""),
+		    "");
+		left = imax(
+		    g, imin(g, left, LLVMConstInt(g->i64, (uint64_t)vw, 0)),
+		    LLVMConstInt(g->i64, 0, 0));
+		/* (1 << left) - 1 in i64, then truncated */
+		LLVMValueRef bits = LLVMBuildSub(
+		    g->b,
+		    LLVMBuildShl(g->b, LLVMConstInt(g->i64, 1, 0), left, ""),
+		    LLVMConstInt(g->i64, 1, 0), "");
+		mask[v] =
+		    LLVMBuildBitCast(g->b, LLVMBuildTrunc(g->b, bits, mt, ""),
+				     LLVMVectorType(g->i1, (unsigned)vw), "");
+	}
+}
+
 /* M: static (ms >= 0; a convolution's O) or only known at run time (ms <
  * 0; a product's rows per unit, which may be under TG_MR: the one block
  * then repeats its last row). A element (i, k) is a[i·lda + k·sak]. B
@@ -2220,28 +2302,8 @@ static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
 		   LLVMBuildAdd(g->b, N,
 				LLVMConstInt(g->i64, (uint64_t)nr - 1, 0), ""),
 		   nr);
-	/* vector v's mask: the low min(max(N - j, 0), vw) bits */
 	LLVMValueRef mask[TG_NV];
-	LLVMTypeRef mt = LLVMIntTypeInContext(g->ctx, (unsigned)vw);
-	for (int v = 0; v < TG_NV; v++) {
-		LLVMValueRef left = LLVMBuildSub(
-		    g->b, N,
-		    LLVMBuildAdd(g->b, J.i,
-				 LLVMConstInt(g->i64, (uint64_t)(v * vw), 0),
-				 ""),
-		    "");
-		left = imax(
-		    g, imin(g, left, LLVMConstInt(g->i64, (uint64_t)vw, 0)),
-		    LLVMConstInt(g->i64, 0, 0));
-		/* (1 << left) - 1 in i64, then truncated */
-		LLVMValueRef bits = LLVMBuildSub(
-		    g->b,
-		    LLVMBuildShl(g->b, LLVMConstInt(g->i64, 1, 0), left, ""),
-		    LLVMConstInt(g->i64, 1, 0), "");
-		mask[v] =
-		    LLVMBuildBitCast(g->b, LLVMBuildTrunc(g->b, bits, mt, ""),
-				     LLVMVectorType(g->i1, (unsigned)vw), "");
-	}
+	tg_masks(g, N, J.i, mask, vw);
 	LLVMValueRef bc = LLVMBuildGEP2(g->b, et, b, &J.i, 1, "");
 	LLVMValueRef bld = ldb;
 	if (pk != NULL) {
@@ -2253,6 +2315,148 @@ static void tgemm(gen_t *g, int64_t ms, LLVMValueRef M, LLVMValueRef N,
 	tgemm_rows(g, ms >= 0 && ms < TG_MR ? (int)ms : TG_MR, ms < 0, M, K, a,
 		   lda, sak, bc, bld, pk == NULL, cc, ldc, mask, vw);
 	loop_end(g, &J);
+}
+
+/* A's rows [0, mc) by columns [0, kc) (element (i, k) at a[i·lda +
+ * k·sak]) to ap in micro-panels of TG_MR rows: (i, k) at (i / MR)·kc·MR +
+ * k·MR + i % MR, rows past mc repeating row mc - 1; one gather of MR
+ * elements per k. */
+static void tgemm_pack_a(gen_t *g, LLVMValueRef mc, LLVMValueRef kc,
+			 LLVMValueRef a, LLVMValueRef lda, LLVMValueRef sak,
+			 LLVMValueRef ap)
+{
+	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, TG_MR);
+	LLVMTypeRef over[2] = {vt, LLVMVectorType(g->ptr, TG_MR)};
+	LLVMValueRef mrv = LLVMConstInt(g->i64, TG_MR, 0);
+	LLVMValueRef one = LLVMConstInt(g->i64, 1, 0);
+	LLVMValueRef nblk = LLVMBuildUDiv(
+	    g->b,
+	    LLVMBuildAdd(g->b, mc, LLVMConstInt(g->i64, TG_MR - 1, 0), ""), mrv,
+	    "");
+	loop_t I;
+	loop_begin(g, &I, LLVMConstInt(g->i64, 0, 0), nblk, 1);
+	/* the rows' offsets, min(I·MR + l, mc - 1)·lda */
+	LLVMValueRef ls[TG_MR];
+	for (int l = 0; l < TG_MR; l++)
+		ls[l] = LLVMConstInt(g->i64, (uint64_t)l, 0);
+	LLVMValueRef rows = LLVMBuildAdd(
+	    g->b, cg_splat(g, LLVMBuildMul(g->b, I.i, mrv, ""), TG_MR),
+	    LLVMConstVector(ls, TG_MR), "");
+	LLVMValueRef last = cg_splat(g, LLVMBuildSub(g->b, mc, one, ""), TG_MR);
+	rows = LLVMBuildSelect(g->b,
+			       LLVMBuildICmp(g->b, LLVMIntSLT, rows, last, ""),
+			       rows, last, "");
+	rows = LLVMBuildMul(g->b, rows, cg_splat(g, lda, TG_MR), "");
+	LLVMValueRef base =
+	    LLVMBuildMul(g->b, LLVMBuildMul(g->b, I.i, kc, ""), mrv, "");
+	LLVMValueRef all[TG_MR];
+	for (int l = 0; l < TG_MR; l++)
+		all[l] = LLVMConstInt(g->i1, 1, 0);
+	loop_t Kl;
+	loop_begin(g, &Kl, LLVMConstInt(g->i64, 0, 0), kc, 1);
+	LLVMValueRef o = LLVMBuildAdd(
+	    g->b, rows, cg_splat(g, LLVMBuildMul(g->b, Kl.i, sak, ""), TG_MR),
+	    "");
+	LLVMValueRef args[4] = {LLVMBuildGEP2(g->b, et, a, &o, 1, ""),
+				LLVMConstInt(g->i32, 4, 0),
+				LLVMConstVector(all, TG_MR), LLVMConstNull(vt)};
+	LLVMValueRef v = cg_intr(g, "llvm.masked.gather", over, 2, args, 4);
+	LLVMValueRef so =
+	    LLVMBuildAdd(g->b, base, LLVMBuildMul(g->b, Kl.i, mrv, ""), "");
+	LLVMValueRef st =
+	    LLVMBuildStore(g->b, v, LLVMBuildGEP2(g->b, et, ap, &so, 1, ""));
+	LLVMSetAlignment(st, 32);
+	loop_end(g, &Kl);
+	loop_end(g, &I);
+}
+
+/* C[M, N] = A @ B blocked and packed as BLIS does, for a B too large for
+ * L2 or transposed: per block of TG_NC columns and TG_KC rows of B, its
+ * panels are packed to bp (tgemm_pack: kc x CG_TG_NR floats each, kept in
+ * L1 while the register tiles pass over them); per block of TG_MC rows of
+ * A, those rows' kc columns to ap (tgemm_pack_a: micro-panels of TG_MR
+ * rows, contiguous broadcasts, kept in L2); the tiles of a later block of
+ * K add to C. A element (i, k) at a[i·lda + k·sak], B's (k, j) at
+ * b[k·ldb + j·sbn] (unit: sbn is 1 or N is 1). K is static. */
+static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
+			  LLVMValueRef a, LLVMValueRef lda, LLVMValueRef sak,
+			  LLVMValueRef b, LLVMValueRef ldb, LLVMValueRef sbn,
+			  bool unit, LLVMValueRef c, LLVMValueRef ldc,
+			  LLVMValueRef bp, LLVMValueRef ap)
+{
+	LLVMTypeRef et = g->f32;
+	int vw = g->c->vec_width;
+	int64_t nr = (int64_t)vw * TG_NV;
+	LLVMValueRef zero = LLVMConstInt(g->i64, 0, 0);
+	LLVMValueRef one = LLVMConstInt(g->i64, 1, 0);
+	LLVMValueRef mrv = LLVMConstInt(g->i64, TG_MR, 0);
+	LLVMValueRef nrv = LLVMConstInt(g->i64, (uint64_t)nr, 0);
+	loop_t JC, PC, J, IC, J2, I;
+	/* loop_begin takes whole steps: each bound rounded up, the last
+	 * block cut short by min */
+	loop_begin(
+	    g, &JC, zero,
+	    LLVMBuildAdd(g->b, N, LLVMConstInt(g->i64, TG_NC - 1, 0), ""),
+	    TG_NC);
+	LLVMValueRef nc = imin(g, LLVMConstInt(g->i64, TG_NC, 0),
+			       LLVMBuildSub(g->b, N, JC.i, ""));
+	loop_begin(g, &PC, zero,
+		   LLVMConstInt(g->i64, (uint64_t)(K + TG_KC - 1), 0), TG_KC);
+	LLVMValueRef kc = imin(
+	    g, LLVMConstInt(g->i64, TG_KC, 0),
+	    LLVMBuildSub(g->b, LLVMConstInt(g->i64, (uint64_t)K, 0), PC.i, ""));
+	LLVMValueRef accum = LLVMBuildICmp(g->b, LLVMIntSGT, PC.i, zero, "");
+	LLVMValueRef bo = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, PC.i, ldb, ""),
+				       LLVMBuildMul(g->b, JC.i, sbn, ""), "");
+	LLVMValueRef bblk = LLVMBuildGEP2(g->b, et, b, &bo, 1, "");
+	LLVMValueRef mask[TG_NV];
+	/* B's block: panel J at bp + J·kc */
+	LLVMValueRef ncr = LLVMBuildAdd(
+	    g->b, nc, LLVMConstInt(g->i64, (uint64_t)nr - 1, 0), "");
+	loop_begin(g, &J, zero, ncr, nr);
+	tg_masks(g, nc, J.i, mask, vw);
+	LLVMValueRef po = LLVMBuildMul(g->b, J.i, kc, "");
+	tgemm_pack(g, kc, bblk, ldb, sbn, unit, J.i,
+		   LLVMBuildGEP2(g->b, et, bp, &po, 1, ""), mask, vw);
+	loop_end(g, &J);
+	/* A's blocks of rows, each packed, then every tile over them */
+	loop_begin(
+	    g, &IC, zero,
+	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, TG_MC - 1, 0), ""),
+	    TG_MC);
+	LLVMValueRef mc = imin(g, LLVMConstInt(g->i64, TG_MC, 0),
+			       LLVMBuildSub(g->b, M, IC.i, ""));
+	LLVMValueRef ao = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, IC.i, lda, ""),
+				       LLVMBuildMul(g->b, PC.i, sak, ""), "");
+	tgemm_pack_a(g, mc, kc, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda,
+		     sak, ap);
+	loop_begin(g, &J2, zero, ncr, nr);
+	tg_masks(g, nc, J2.i, mask, vw);
+	LLVMValueRef pj = LLVMBuildMul(g->b, J2.i, kc, "");
+	LLVMValueRef bc = LLVMBuildGEP2(g->b, et, bp, &pj, 1, "");
+	LLVMValueRef nblk = LLVMBuildUDiv(
+	    g->b,
+	    LLVMBuildAdd(g->b, mc, LLVMConstInt(g->i64, TG_MR - 1, 0), ""), mrv,
+	    "");
+	loop_begin(g, &I, zero, nblk, 1);
+	LLVMValueRef r0 = LLVMBuildMul(g->b, I.i, mrv, "");
+	/* the block's last row: fewer than MR left repeat it */
+	LLVMValueRef rmax =
+	    LLVMBuildSub(g->b, LLVMBuildSub(g->b, mc, r0, ""), one, "");
+	LLVMValueRef apo =
+	    LLVMBuildMul(g->b, LLVMBuildMul(g->b, I.i, kc, ""), mrv, "");
+	LLVMValueRef co = LLVMBuildAdd(
+	    g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, IC.i, r0, ""), ldc, ""),
+	    LLVMBuildAdd(g->b, JC.i, J2.i, ""), "");
+	tgemm_block(g, TG_MR, rmax, kc,
+		    LLVMBuildGEP2(g->b, et, ap, &apo, 1, ""), one, mrv, bc, nrv,
+		    false, accum, LLVMBuildGEP2(g->b, et, c, &co, 1, ""), ldc,
+		    mask, vw);
+	loop_end(g, &I);
+	loop_end(g, &J2);
+	loop_end(g, &IC);
+	loop_end(g, &PC);
+	loop_end(g, &JC);
 }
 
 /* Calls the product kernel's epilogue (the kernel after it, whose body is
@@ -2329,13 +2533,22 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	bool tmpl = tk != 0;
 	LLVMValueRef fn = tmpl ? NULL : blas_fn(g, f64);
 	/* the packed template's panel: K x CG_TG_NR floats */
+	int64_t kst = a->sizes[r - 1].c;
+	bool blocked = tk == 3;
 	LLVMValueRef pk = NULL;
-	if (tk == 2) {
+	LLVMValueRef pa = NULL;
+	if (blocked) {
+		pk = entry_alloca(g,
+				  LLVMArrayType(et, (unsigned)(TG_KC * TG_NC)));
+		pa = entry_alloca(g,
+				  LLVMArrayType(et, (unsigned)(TG_MC * TG_KC)));
+		LLVMSetAlignment(pa, 64);
+	} else if (tk == 2) { /* K <= TG_PANEL_K: at most 512 KiB */
 		pk = entry_alloca(
-		    g, LLVMArrayType(et,
-				     (unsigned)(a->sizes[r - 1].c * CG_TG_NR)));
-		LLVMSetAlignment(pk, 64);
+		    g, LLVMArrayType(et, (unsigned)(kst * CG_TG_NR)));
 	}
+	if (pk != NULL)
+		LLVMSetAlignment(pk, 64);
 	/* with an epilogue: each 64-row block goes to a scratch, and the
 	 * epilogue runs on those rows (its body reading the product from
 	 * there) */
@@ -2427,12 +2640,18 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMBuildCondBr(g->b, ok, call, skip);
 	LLVMPositionBuilderAtEnd(g->b, call);
 	if (tmpl) {
-		/* B in place (unit stride along N) or packed a panel at a
-		 * time into pk (any strides); A any strides */
-		tgemm(g, -1, rows, ncols, K, ap, sam, sak, bp, sbk, pk, sbn,
-		      dim_is(b->strides[r - 1], 1) ||
-			  dim_is(b->sizes[r - 1], 1),
-		      cp, imax(g, N, one));
+		/* B in place (unit stride along N), or packed (any strides)
+		 * a panel at a time into pk, or blocked with A packed too;
+		 * A any strides */
+		bool unit =
+		    dim_is(b->strides[r - 1], 1) || dim_is(b->sizes[r - 1], 1);
+		if (blocked)
+			tgemm_blocked(g, rows, ncols, kst, ap, sam, sak, bp,
+				      sbk, sbn, unit, cp, imax(g, N, one), pk,
+				      pa);
+		else
+			tgemm(g, -1, rows, ncols, K, ap, sam, sak, bp, sbk, pk,
+			      sbn, unit, cp, imax(g, N, one));
 	} else {
 		LLVMValueRef mnk[3] = {rows, ncols, K};
 		blas_call(g, fn, f64, ta, tb, mnk, ap, lda, bp, ldb, cp,
@@ -2830,7 +3049,7 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 				LLVMCreateEnumAttribute(g->ctx, inl, 0));
 	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,
 				LLVMCreateEnumAttribute(g->ctx, nounwind, 0));
-	/* scratches of up to 1 MiB live in the body's frame: probe it a
+	/* scratches of up to 1.2 MiB live in the body's frame: probe it a
 	 * page at a time, so that a thread short of stack faults on its
 	 * guard page instead of writing past it */
 	LLVMAddAttributeAtIndex(bf, LLVMAttributeFunctionIndex,

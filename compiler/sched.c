@@ -761,9 +761,11 @@ char *sched_report(cctx_t *c)
 					  "%s: matmul via GEMM template "
 					  "(%dx%d register tiles%s) ",
 					  k->name, CG_TG_MR, CG_TG_NR,
-					  tk == 2 ? ", B packed a panel at a "
-						    "time"
-						  : "");
+					  tk == 2   ? ", B packed a panel at a "
+						      "time"
+					  : tk == 3 ? ", blocked, A and B "
+						      "packed"
+						    : "");
 			else
 				sb_printf(&s, "%s: matmul via BLAS %s ",
 					  k->name,

@@ -193,7 +193,7 @@ int kiln_pool_new(unsigned n_threads, kiln_pool_t **out)
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	/* kernels keep scratches of up to 1 MiB on the stack of the thread
+	/* kernels keep scratches of up to 1.2 MiB on the stack of the thread
 	 * that runs them: workers get POOL_STACK whatever RLIMIT_STACK says */
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);

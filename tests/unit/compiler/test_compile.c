@@ -470,12 +470,17 @@ Test(fusion, few_row_blocks_split_columns)
 {
 	kiln_compiler_t *kc = new_compiler();
 	/* 1 row block: 3136 / 12 columns (at least 256 each), rounded up
-	 * to a multiple of 16 for BLAS, of a whole 32-column panel for the
-	 * packed template (AVX-512 f32) */
+	 * to a multiple of 16 (BLAS: B row-major, under 512 rows) */
 	char *rep = mm_report(kc, 64, 576, 3136);
+	cr_expect(strstr(rep, "columns in blocks of 272") != NULL, "%s", rep);
+	free(rep);
+	/* 8 row blocks: 1000 / 3 columns (at least 256 each), rounded up to
+	 * a whole 32-column panel for the packed template (AVX-512 f32), to
+	 * 16 for BLAS */
 	bool packed = __builtin_cpu_supports("avx512f");
-	cr_expect(strstr(rep, packed ? "columns in blocks of 288"
-				     : "columns in blocks of 272") != NULL,
+	rep = mm_report(kc, 512, 300, 1000);
+	cr_expect(strstr(rep, packed ? "columns in blocks of 352"
+				     : "columns in blocks of 336") != NULL,
 		  "%s", rep);
 	free(rep);
 	/* many row blocks: rows alone */
@@ -621,10 +626,14 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 	/* at least 512 columns: few row blocks split into column blocks,
 	 * which rule out the epilogue */
 	bool packed = bt || K * N * 4 > 256 * 1024, epi = N < 512;
+	bool blocked = K > 4096 || M * K * 4 > (2 << 20);
+	const char *form = !packed    ? "register tiles)"
+			   : !blocked ? "register tiles, B packed a panel at "
+					"a time)"
+				      : "register tiles, blocked, A and B "
+					"packed)";
 	if (__builtin_cpu_supports("avx512f"))
-		cr_expect(strstr(rep, packed ? "register tiles, B packed a "
-					       "panel at a time)"
-					     : "register tiles)") != NULL &&
+		cr_expect(strstr(rep, form) != NULL &&
 			      (strstr(rep, "epilogue") != NULL) == epi,
 			  "%s", rep);
 	free(rep);
@@ -643,8 +652,12 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
  * the batch of 1 checks that a size-1 dim does not keep relu from being
  * the epilogue. Packed B: a transposed B (gathered) with a tail of 13
  * columns, both operands transposed in a batch of 3, a row-major B of
- * 1.1 MiB (masked loads), its last panel's tail zero-filled, and both
- * forms of B in column blocks (few row blocks). */
+ * 1.1 MiB (masked loads, 512 rows and more), its last panel's tail
+ * zero-filled, and both forms of B in column blocks (few row blocks). Blocked
+ * (A over 2 MiB): K of 1100 (blocks of 512, 512 and 76, the later ones adding
+ * to C) with a transposed B and 77 columns, 520 rows (A's blocks of 64 rows, a
+ * last one of 8); a transposed A (gathered) with a row-major B; a batch of 3;
+ * column blocks. */
 Test(fusion, gemm_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -653,9 +666,13 @@ Test(fusion, gemm_template_matches_the_interpreter)
 	check_tmpl_mm(kc, 3, 45, 100, 500, false, false);
 	check_tmpl_mm(kc, 1, 100, 300, 77, false, true);
 	check_tmpl_mm(kc, 3, 200, 128, 90, true, true);
-	check_tmpl_mm(kc, 1, 70, 600, 500, false, false);
-	check_tmpl_mm(kc, 1, 64, 576, 3136, false, false);
+	check_tmpl_mm(kc, 1, 520, 600, 500, false, false);
+	check_tmpl_mm(kc, 1, 512, 300, 1000, false, false);
 	check_tmpl_mm(kc, 1, 64, 256, 1000, false, true);
+	check_tmpl_mm(kc, 1, 520, 1100, 77, false, true);
+	check_tmpl_mm(kc, 1, 520, 1030, 100, true, false);
+	check_tmpl_mm(kc, 3, 520, 1030, 50, false, true);
+	check_tmpl_mm(kc, 1, 520, 1030, 520, false, false);
 	kiln_compiler_free(kc);
 }
 
@@ -721,8 +738,8 @@ Test(fusion, gemm_template_packs_a_strided_column)
 	char *rep = NULL;
 	n_kernels(kc, g, &rep);
 	if (__builtin_cpu_supports("avx512f"))
-		cr_expect(strstr(rep, "B packed a panel at a time") != NULL,
-			  "%s", rep);
+		cr_expect(strstr(rep, "blocked, A and B packed") != NULL, "%s",
+			  rep);
 	free(rep);
 	expect_matches_interp(kc, g, "default", 23, 1e-4, "strided column");
 	kiln_graph_free(g);

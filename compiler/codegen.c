@@ -2370,6 +2370,21 @@ static void tgemm_pack_a(gen_t *g, LLVMValueRef mc, LLVMValueRef kc,
 	loop_end(g, &I);
 }
 
+/* A loop over [0, n) in blocks of `step` (loop_begin takes whole steps:
+ * the bound rounded up); returns the block's length, the last one cut
+ * short. */
+static LLVMValueRef block_begin(gen_t *g, loop_t *L, LLVMValueRef n,
+				int64_t step)
+{
+	LLVMValueRef st = LLVMConstInt(g->i64, (uint64_t)step, 0);
+	loop_begin(g, L, LLVMConstInt(g->i64, 0, 0),
+		   LLVMBuildAdd(g->b, n,
+				LLVMConstInt(g->i64, (uint64_t)step - 1, 0),
+				""),
+		   step);
+	return imin(g, st, LLVMBuildSub(g->b, n, L->i, ""));
+}
+
 /* C[M, N] = A @ B blocked and packed as BLIS does, for a B too large for
  * L2 or transposed: per block of TG_NC columns and TG_KC rows of B, its
  * panels are packed to bp (tgemm_pack: kc x CG_TG_NR floats each, kept in
@@ -2392,19 +2407,9 @@ static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 	LLVMValueRef mrv = LLVMConstInt(g->i64, TG_MR, 0);
 	LLVMValueRef nrv = LLVMConstInt(g->i64, (uint64_t)nr, 0);
 	loop_t JC, PC, J, IC, J2, I;
-	/* loop_begin takes whole steps: each bound rounded up, the last
-	 * block cut short by min */
-	loop_begin(
-	    g, &JC, zero,
-	    LLVMBuildAdd(g->b, N, LLVMConstInt(g->i64, TG_NC - 1, 0), ""),
-	    TG_NC);
-	LLVMValueRef nc = imin(g, LLVMConstInt(g->i64, TG_NC, 0),
-			       LLVMBuildSub(g->b, N, JC.i, ""));
-	loop_begin(g, &PC, zero,
-		   LLVMConstInt(g->i64, (uint64_t)(K + TG_KC - 1), 0), TG_KC);
-	LLVMValueRef kc = imin(
-	    g, LLVMConstInt(g->i64, TG_KC, 0),
-	    LLVMBuildSub(g->b, LLVMConstInt(g->i64, (uint64_t)K, 0), PC.i, ""));
+	LLVMValueRef nc = block_begin(g, &JC, N, TG_NC);
+	LLVMValueRef kc =
+	    block_begin(g, &PC, LLVMConstInt(g->i64, (uint64_t)K, 0), TG_KC);
 	LLVMValueRef accum = LLVMBuildICmp(g->b, LLVMIntSGT, PC.i, zero, "");
 	LLVMValueRef bo = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, PC.i, ldb, ""),
 				       LLVMBuildMul(g->b, JC.i, sbn, ""), "");
@@ -2420,12 +2425,7 @@ static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 		   LLVMBuildGEP2(g->b, et, bp, &po, 1, ""), mask, vw);
 	loop_end(g, &J);
 	/* A's blocks of rows, each packed, then every tile over them */
-	loop_begin(
-	    g, &IC, zero,
-	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, TG_MC - 1, 0), ""),
-	    TG_MC);
-	LLVMValueRef mc = imin(g, LLVMConstInt(g->i64, TG_MC, 0),
-			       LLVMBuildSub(g->b, M, IC.i, ""));
+	LLVMValueRef mc = block_begin(g, &IC, M, TG_MC);
 	LLVMValueRef ao = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, IC.i, lda, ""),
 				       LLVMBuildMul(g->b, PC.i, sak, ""), "");
 	tgemm_pack_a(g, mc, kc, LLVMBuildGEP2(g->b, et, a, &ao, 1, ""), lda,

@@ -558,6 +558,31 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
  * transposed when at: broadcasts along a column) and b [B, K, N] (stored
  * as [B, N, K] and transposed when bt: a weight as linear has it, packed
  * by gathers); relu becomes the product's epilogue. */
+/* A tensor spec {dtype, shape} of rank dims d. */
+static void specn(gb_t *b, const char *dt, const int64_t *d, uint32_t rank)
+{
+	msgpack_pack_map(&b->pk, 2);
+	s(b, "dtype");
+	s(b, dt);
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, rank);
+	for (uint32_t i = 0; i < rank; i++)
+		msgpack_pack_int64(&b->pk, d[i]);
+}
+
+/* The graph's head: its format and n f32 inputs of the given shapes. */
+static void f32_inputs(gb_t *b, const int64_t *const *shape,
+		       const uint32_t *rank, uint32_t n)
+{
+	msgpack_pack_map(&b->pk, 4);
+	s(b, "format");
+	s(b, "kiln.graph/1");
+	s(b, "inputs");
+	msgpack_pack_array(&b->pk, n);
+	for (uint32_t t = 0; t < n; t++)
+		specn(b, "f32", shape[t], rank[t]);
+}
+
 static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 			  int64_t N, bool at, bool bt)
 {
@@ -566,21 +591,9 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 	int64_t ys[3] = {B, M, N}, am[3] = {B, M, K}, bm[3] = {B, K, N};
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 2);
 	const int64_t *in_shape[2] = {as, bs};
-	for (int t = 0; t < 2; t++) {
-		msgpack_pack_map(&b.pk, 2);
-		s(&b, "dtype");
-		s(&b, "f32");
-		s(&b, "shape");
-		msgpack_pack_array(&b.pk, 3);
-		for (int k = 0; k < 3; k++)
-			msgpack_pack_int64(&b.pk, in_shape[t][k]);
-	}
+	const uint32_t in_rank[2] = {3, 3};
+	f32_inputs(&b, in_shape, in_rank, 2);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2 + at + bt);
 	/* values: 0 a, 1 b, then each node's output */
@@ -609,13 +622,7 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 		v++;
 		s(&b, "out");
 		msgpack_pack_array(&b.pk, 1);
-		msgpack_pack_map(&b.pk, 2);
-		s(&b, "dtype");
-		s(&b, "f32");
-		s(&b, "shape");
-		msgpack_pack_array(&b.pk, 3);
-		for (int d = 0; d < 3; d++)
-			msgpack_pack_int64(&b.pk, shapes[k][d]);
+		specn(&b, "f32", shapes[k], 3);
 	}
 	s(&b, "outputs");
 	msgpack_pack_array(&b.pk, 1);
@@ -687,21 +694,9 @@ Test(fusion, gemm_template_packs_a_strided_column)
 	int64_t ys[2] = {M, 1};
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 2);
 	const int64_t *in_shape[2] = {as, xs};
-	for (int t = 0; t < 2; t++) {
-		msgpack_pack_map(&b.pk, 2);
-		s(&b, "dtype");
-		s(&b, "f32");
-		s(&b, "shape");
-		msgpack_pack_array(&b.pk, 2);
-		for (int k = 0; k < 2; k++)
-			msgpack_pack_int64(&b.pk, in_shape[t][k]);
-	}
+	const uint32_t in_rank[2] = {2, 2};
+	f32_inputs(&b, in_shape, in_rank, 2);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 3);
 	const int64_t *shapes[3] = {cs, bs, ys};
@@ -723,13 +718,7 @@ Test(fusion, gemm_template_packs_a_strided_column)
 		}
 		s(&b, "out");
 		msgpack_pack_array(&b.pk, 1);
-		msgpack_pack_map(&b.pk, 2);
-		s(&b, "dtype");
-		s(&b, "f32");
-		s(&b, "shape");
-		msgpack_pack_array(&b.pk, ranks[k]);
-		for (uint32_t d = 0; d < ranks[k]; d++)
-			msgpack_pack_int64(&b.pk, shapes[k][d]);
+		specn(&b, "f32", shapes[k], ranks[k]);
 	}
 	s(&b, "outputs");
 	msgpack_pack_array(&b.pk, 1);
@@ -764,13 +753,7 @@ typedef struct convcase {
 
 static void spec4(gb_t *b, const char *dt, const int64_t *d)
 {
-	msgpack_pack_map(&b->pk, 2);
-	s(b, "dtype");
-	s(b, dt);
-	s(b, "shape");
-	msgpack_pack_array(&b->pk, 4);
-	for (int i = 0; i < 4; i++)
-		msgpack_pack_int64(&b->pk, d[i]);
+	specn(b, dt, d, 4);
 }
 
 static void ints2(gb_t *b, const int64_t *v)

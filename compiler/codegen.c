@@ -1782,17 +1782,24 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
 
 /* max-autotune's variant for a product node (autotune.c: 0 row blocks,
  * 1 row and column blocks, 2 the GEMM template), else -1 */
+/* Whether graph node `node` is a plain product: mm, bmm, addmm or
+ * baddbmm (not a convolution's, attention's or a backward op's). */
+static bool plain_product(cctx_t *c, int32_t node)
+{
+	if (node < 0)
+		return false;
+	const char *op = c->g->nodes[node].op;
+	return strcmp(op, "aten.mm.default") == 0 ||
+	       strcmp(op, "aten.bmm.default") == 0 ||
+	       strcmp(op, "aten.addmm.default") == 0 ||
+	       strcmp(op, "aten.baddbmm.default") == 0;
+}
+
 static int gemm_forced(cctx_t *c, int32_t node)
 {
-	if (c->tune == NULL || node < 0)
+	if (c->tune == NULL || !plain_product(c, node))
 		return -1;
-	const char *op = c->g->nodes[node].op;
-	if (strcmp(op, "aten.mm.default") == 0 ||
-	    strcmp(op, "aten.bmm.default") == 0 ||
-	    strcmp(op, "aten.addmm.default") == 0 ||
-	    strcmp(op, "aten.baddbmm.default") == 0)
-		return c->tune[node];
-	return -1;
+	return c->tune[node];
 }
 
 /* The GEMM template for a product (not BLAS): f32 on 16-lane vectors.
@@ -1890,17 +1897,6 @@ static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
 	return fits && M.c * N.c * K.c >= TG_MIN_MACS;
 }
 
-/* Whether a product node is a convolution's (its whole-image or batched
- * im2col times W): by the heuristic those keep BLAS, which packs their
- * few rows' B faster (ResNet-18's 256->512 at 14², batch 16,
- * 512x2304x784 in column blocks of 288: the blocked template 1.03-1.15 of
- * BLAS's time). */
-static bool conv_product(cctx_t *c, const cnode_t *n)
-{
-	return n->node >= 0 &&
-	       strcmp(c->g->nodes[n->node].op, "aten.convolution.default") == 0;
-}
-
 /* Whether the template takes the product packing B (a panel at a time, or
  * blocked with A packed too): static sizes. */
 static bool tmpl_packed(cctx_t *c, const cnode_t *n)
@@ -1917,8 +1913,14 @@ static bool tmpl_packed(cctx_t *c, const cnode_t *n)
 	int f = gemm_forced(c, n->node);
 	if (f >= 0)
 		return f == 2;
+	/* by the heuristic: plain products only (a convolution's keeps
+	 * BLAS, which packs its few rows' B faster: ResNet-18's 256->512 at
+	 * 14², batch 16, 512x2304x784 in column blocks of 288, the blocked
+	 * template 1.03-1.15 of BLAS's time; attention's and the backward
+	 * ops' products were not measured), at least one panel of columns
+	 * (narrower, most of each vector would be padding) */
 	if ((dim_is(b->strides[r - 1], 1) && M < TG_PACK_MIN_M) ||
-	    conv_product(c, n))
+	    !plain_product(c, n->node) || N < CG_TG_NR)
 		return false;
 	return M * N * K >= TG_MIN_MACS && M * K * 4 <= TG_A_MAX;
 }
@@ -1946,13 +1948,16 @@ const char *cg_gemm_why(cctx_t *c, const cnode_t *n)
 		return "template: B's columns per unit fit in 256 KiB (L2), at "
 		       "least 2^21 multiply-adds";
 	case 2:
-		return "template packing B a panel at a time: at least 2^21 "
-		       "multiply-adds, B transposed or 512 rows and more, A at "
-		       "most 2 MiB, K at most 4096";
+		return "template packing B a panel at a time: mm/bmm/addmm/"
+		       "baddbmm, at least 2^21 multiply-adds and 32 columns, B "
+		       "transposed or 512 rows and more, A at most 2 MiB, K at "
+		       "most 4096";
 	case 3:
-		return "template blocked, A and B packed: at least 2^21 "
-		       "multiply-adds, B transposed or 512 rows and more, A "
-		       "over 2 MiB (at most 8 MiB) or K over 4096";
+		return "template blocked, A and B packed: "
+		       "mm/bmm/addmm/baddbmm, "
+		       "at least 2^21 multiply-adds and 32 columns, B "
+		       "transposed or 512 rows and more, A over 2 MiB (at most "
+		       "8 MiB) or K over 4096";
 	default: break;
 	}
 	if (c->bufs[n->buf].dtype != KILN_DT_F32)
@@ -1966,9 +1971,12 @@ const char *cg_gemm_why(cctx_t *c, const cnode_t *n)
 	    TG_MIN_MACS)
 		return "BLAS: under 2^21 multiply-adds (the template's compile "
 		       "costs more than it saves)";
-	if (conv_product(c, n))
-		return "BLAS: a convolution's product (measured faster than "
-		       "the packed template)";
+	if (!plain_product(c, n->node))
+		return "BLAS: not mm, bmm, addmm or baddbmm (a convolution's "
+		       "product measured faster with BLAS; others unmeasured)";
+	if (b->sizes[r - 1].c < CG_TG_NR)
+		return "BLAS: under 32 columns (a panel would be mostly "
+		       "padding)";
 	if (dim_is(b->strides[r - 1], 1) && a->sizes[r - 2].c < TG_PACK_MIN_M)
 		return "BLAS: B row-major and too large for L2, under 512 rows "
 		       "(BLAS packs it more cheaply)";
@@ -2029,9 +2037,10 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
 
 /* ---- the GEMM template: a register-tiled f32 micro-kernel ---------------
  *
- * C[M, N] = A[M, K] @ B[K, N]; B and C row-major with unit stride along
- * N (ldb, ldc their row strides), A with any strides (its elements are
- * broadcast one at a time). C is tiled in
+ * C[M, N] = A[M, K] @ B[K, N]; B (read in place by tgemm) and C
+ * row-major with unit stride along N (ldb, ldc their row strides), or B
+ * packed first (tgemm_pack, tgemm_blocked: any strides); A with any
+ * strides (its elements are broadcast one at a time). C is tiled in
  * blocks of TG_MR rows by TG_NV vectors of columns; each block keeps its
  * TG_MR·TG_NV accumulators in registers for the whole of K: per k, TG_NV
  * vector loads of B's row k and TG_MR broadcasts of A's column k feed
@@ -2045,10 +2054,11 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
  * 10-15 ms per kernel (a separate 1-row remainder loop and blocks of K
  * doubled it). The column panel is
  * the outer loop: B's K x 32 floats stay in L2 while every row block
- * passes over them. Blocking K by 128 or 256 (so that B's block stays in
- * L1; C then accumulates across blocks) measured no faster on resnet18's
- * 3x3 layers (K = 576 to 2304) and was left out; so was unrolling k by 4
- * in the IR. */
+ * passes over them. Blocking K by 128 or 256 in place (so that B's block
+ * stays in L1; C then accumulates across blocks) measured no faster on
+ * resnet18's 3x3 layers (K = 576 to 2304) and was left out there (the
+ * blocked form packs A as well, which made it pay); so was unrolling k
+ * by 4 in the IR. */
 #define TG_MR CG_TG_MR
 #define TG_NV 2	 /* vectors: CG_TG_NR columns at 16 lanes */
 #define TG_PF 16 /* rows of B prefetched ahead */
@@ -2062,6 +2072,8 @@ static void blas_call(gen_t *g, LLVMValueRef fn, bool f64, LLVMValueRef ta,
 #define TG_KC 512
 #define TG_NC 256
 #define TG_MC 64
+_Static_assert(TG_NC % CG_TG_NR == 0, "blocks of whole panels");
+_Static_assert(TG_MC % CG_TG_MR == 0, "blocks of whole micro-panels");
 
 /* One block of mr rows: row i of the block is row min(i, rmax) when rmax
  * is given (fewer rows than mr left: the extra rows repeat the last one,
@@ -2402,8 +2414,8 @@ static LLVMValueRef block_begin(gen_t *g, loop_t *L, LLVMValueRef n,
 
 /* C[M, N] = A @ B blocked and packed as BLIS does, for a B too large for
  * L2 or transposed: per block of TG_NC columns and TG_KC rows of B, its
- * panels are packed to bp (tgemm_pack: kc x CG_TG_NR floats each, kept in
- * L1 while the register tiles pass over them); per block of TG_MC rows of
+ * panels are packed to bp (tgemm_pack: kc x CG_TG_NR floats each, 64 KiB,
+ * in L2 while the register tiles pass over them); per block of TG_MC rows of
  * A, those rows' kc columns to ap (tgemm_pack_a: micro-panels of TG_MR
  * rows, contiguous broadcasts, kept in L2); the tiles of a later block of
  * K add to C. A element (i, k) at a[i·lda + k·sak], B's (k, j) at
@@ -2422,24 +2434,29 @@ static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 	LLVMValueRef mrv = LLVMConstInt(g->i64, TG_MR, 0);
 	LLVMValueRef nrv = LLVMConstInt(g->i64, (uint64_t)nr, 0);
 	loop_t JC, PC, J, IC, J2, I;
-	/* N in ceil(N / NC) blocks of equal width (whole panels, the last
-	 * narrower): a last block of a few columns would pack A again for
-	 * little work (512x2304x784 in column blocks of 288: 256 + 32
-	 * measured 1.13-1.15 of BLAS's time, as one block 1.03) */
+	/* N's P panels in ncb = ceil(P / (NC / nr)) blocks, block JC the
+	 * panels [JC·P / ncb, (JC + 1)·P / ncb): widths within a panel of
+	 * each other, at most NC. A last block of a few columns would pack
+	 * A again for little work (512x2304x784 in column blocks of 288:
+	 * 256 + 32 measured 1.13-1.15 of BLAS's time, as one block 1.03) */
 	LLVMValueRef nrm1 = LLVMConstInt(g->i64, (uint64_t)nr - 1, 0);
+	LLVMValueRef np =
+	    LLVMBuildUDiv(g->b, LLVMBuildAdd(g->b, N, nrm1, ""), nrv, "");
+	int64_t bpn = TG_NC / nr; /* panels per block at most */
 	LLVMValueRef ncb = LLVMBuildUDiv(
-	    g->b, LLVMBuildAdd(g->b, N, LLVMConstInt(g->i64, TG_NC - 1, 0), ""),
-	    LLVMConstInt(g->i64, TG_NC, 0), "");
-	LLVMValueRef ncw = LLVMBuildUDiv(
-	    g->b, LLVMBuildAdd(g->b, N, LLVMBuildSub(g->b, ncb, one, ""), ""),
-	    imax(g, ncb, one), "");
-	ncw = LLVMBuildMul(
 	    g->b,
-	    LLVMBuildUDiv(g->b, LLVMBuildAdd(g->b, ncw, nrm1, ""), nrv, ""),
-	    nrv, "");
+	    LLVMBuildAdd(g->b, np, LLVMConstInt(g->i64, (uint64_t)bpn - 1, 0),
+			 ""),
+	    LLVMConstInt(g->i64, (uint64_t)bpn, 0), "");
 	loop_begin(g, &JC, zero, ncb, 1);
-	LLVMValueRef j0 = LLVMBuildMul(g->b, JC.i, ncw, "");
-	LLVMValueRef nc = imin(g, ncw, LLVMBuildSub(g->b, N, j0, ""));
+	LLVMValueRef p0 =
+	    LLVMBuildUDiv(g->b, LLVMBuildMul(g->b, JC.i, np, ""), ncb, "");
+	LLVMValueRef p1 = LLVMBuildUDiv(
+	    g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, JC.i, one, ""), np, ""),
+	    ncb, "");
+	LLVMValueRef j0 = LLVMBuildMul(g->b, p0, nrv, "");
+	LLVMValueRef nc = LLVMBuildSub(
+	    g->b, imin(g, LLVMBuildMul(g->b, p1, nrv, ""), N), j0, "");
 	LLVMValueRef kc =
 	    block_begin(g, &PC, LLVMConstInt(g->i64, (uint64_t)K, 0), TG_KC);
 	LLVMValueRef accum = LLVMBuildICmp(g->b, LLVMIntSGT, PC.i, zero, "");

@@ -290,15 +290,33 @@ static void s(gb_t *b, const char *str)
 	kiln_pack_cstr(&b->pk, str);
 }
 
-static void spec2(gb_t *b, const char *dt, int64_t d0, int64_t d1)
+/* A tensor spec {dtype, shape} of rank dims d. */
+static void specn(gb_t *b, const char *dt, const int64_t *d, uint32_t rank)
 {
 	msgpack_pack_map(&b->pk, 2);
 	s(b, "dtype");
 	s(b, dt);
 	s(b, "shape");
-	msgpack_pack_array(&b->pk, 2);
-	msgpack_pack_int64(&b->pk, d0);
-	msgpack_pack_int64(&b->pk, d1);
+	msgpack_pack_array(&b->pk, rank);
+	for (uint32_t i = 0; i < rank; i++)
+		msgpack_pack_int64(&b->pk, d[i]);
+}
+
+static void spec2(gb_t *b, const char *dt, int64_t d0, int64_t d1)
+{
+	const int64_t d[2] = {d0, d1};
+	specn(b, dt, d, 2);
+}
+
+/* A graph's head: its format, then the key of its n_inputs input specs
+ * (written next by the caller). */
+static void graph_head(gb_t *b, uint32_t n_inputs)
+{
+	msgpack_pack_map(&b->pk, 4);
+	s(b, "format");
+	s(b, "kiln.graph/1");
+	s(b, "inputs");
+	msgpack_pack_array(&b->pk, n_inputs);
 }
 
 static void ref(gb_t *b, uint32_t v)
@@ -343,11 +361,7 @@ Test(fusion, softmax_is_one_kernel)
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 1);
+	graph_head(&b, 1);
 	spec2(&b, "f32", 64, 1000);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
@@ -380,11 +394,7 @@ static char *mm_report(kiln_compiler_t *kc, int64_t m, int64_t k, int64_t n)
 {
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 2);
+	graph_head(&b, 2);
 	spec2(&b, "f32", m, k);
 	spec2(&b, "f32", k, n);
 	s(&b, "nodes");
@@ -415,11 +425,7 @@ static char *epi_report(kiln_compiler_t *kc, bool product_out, uint32_t *nk)
 {
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 2);
+	graph_head(&b, 2);
 	spec2(&b, "f32", 200, 32);
 	spec2(&b, "f32", 32, 96);
 	s(&b, "nodes");
@@ -553,36 +559,11 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 
 /* A product through the GEMM template (codegen.c cg_gemm_tmpl: f32, at
  * least 2^21 multiply-adds; B read in place when row-major with at most
- * 256 KiB per unit, else packed a panel at a time) against the
+ * 256 KiB per unit, else packed a panel at a time or blocked) against the
  * interpreter: y = relu(a @ b) with a [B, M, K] (stored as [B, K, M] and
  * transposed when at: broadcasts along a column) and b [B, K, N] (stored
  * as [B, N, K] and transposed when bt: a weight as linear has it, packed
  * by gathers); relu becomes the product's epilogue. */
-/* A tensor spec {dtype, shape} of rank dims d. */
-static void specn(gb_t *b, const char *dt, const int64_t *d, uint32_t rank)
-{
-	msgpack_pack_map(&b->pk, 2);
-	s(b, "dtype");
-	s(b, dt);
-	s(b, "shape");
-	msgpack_pack_array(&b->pk, rank);
-	for (uint32_t i = 0; i < rank; i++)
-		msgpack_pack_int64(&b->pk, d[i]);
-}
-
-/* The graph's head: its format and n f32 inputs of the given shapes. */
-static void f32_inputs(gb_t *b, const int64_t *const *shape,
-		       const uint32_t *rank, uint32_t n)
-{
-	msgpack_pack_map(&b->pk, 4);
-	s(b, "format");
-	s(b, "kiln.graph/1");
-	s(b, "inputs");
-	msgpack_pack_array(&b->pk, n);
-	for (uint32_t t = 0; t < n; t++)
-		specn(b, "f32", shape[t], rank[t]);
-}
-
 static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 			  int64_t N, bool at, bool bt)
 {
@@ -591,9 +572,9 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 	int64_t ys[3] = {B, M, N}, am[3] = {B, M, K}, bm[3] = {B, K, N};
 	gb_t b;
 	gb_init(&b);
-	const int64_t *in_shape[2] = {as, bs};
-	const uint32_t in_rank[2] = {3, 3};
-	f32_inputs(&b, in_shape, in_rank, 2);
+	graph_head(&b, 2);
+	specn(&b, "f32", as, 3);
+	specn(&b, "f32", bs, 3);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2 + at + bt);
 	/* values: 0 a, 1 b, then each node's output */
@@ -697,9 +678,9 @@ Test(fusion, gemm_template_packs_a_strided_column)
 	int64_t ys[2] = {M, 1};
 	gb_t b;
 	gb_init(&b);
-	const int64_t *in_shape[2] = {as, xs};
-	const uint32_t in_rank[2] = {2, 2};
-	f32_inputs(&b, in_shape, in_rank, 2);
+	graph_head(&b, 2);
+	specn(&b, "f32", as, 2);
+	specn(&b, "f32", xs, 2);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 3);
 	const int64_t *shapes[3] = {cs, bs, ys};
@@ -782,11 +763,7 @@ static void check_conv_case(kiln_compiler_t *kc, const convcase_t *cc,
 	uint32_t nin = cc->epilogue ? 4 : 2;
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, nin);
+	graph_head(&b, nin);
 	spec4(&b, cc->dt, xin);
 	spec4(&b, cc->dt, w4);
 	if (cc->epilogue) {
@@ -971,11 +948,7 @@ Test(autotune, products_and_convolutions_are_chosen_by_measurement,
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 2);
+	graph_head(&b, 2);
 	spec2(&b, "f32", 48, 40);
 	spec2(&b, "f32", 40, 1024);
 	s(&b, "nodes");
@@ -1053,11 +1026,7 @@ Test(fusion, layer_norm_is_one_kernel)
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 3);
+	graph_head(&b, 3);
 	spec2(&b, "f32", 128, 768);
 	msgpack_pack_map(&b.pk, 2);
 	s(&b, "dtype");
@@ -1107,11 +1076,7 @@ Test(fusion, gelu_chain_is_one_kernel)
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 3);
+	graph_head(&b, 3);
 	spec2(&b, "f32", 512, 1024);
 	spec2(&b, "f32", 1, 1024);
 	spec2(&b, "f32", 1, 1024);
@@ -1152,11 +1117,7 @@ Test(fusion, views_are_not_copies)
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
 	gb_init(&b);
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 1);
+	graph_head(&b, 1);
 	spec2(&b, "f32", 32, 48);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2);
@@ -1392,11 +1353,7 @@ static void one_node(gb_t *b, const char *op, int64_t a0, int64_t a1,
 		     int n_extra, const int64_t *extra)
 {
 	gb_init(b);
-	msgpack_pack_map(&b->pk, 4);
-	s(b, "format");
-	s(b, "kiln.graph/1");
-	s(b, "inputs");
-	msgpack_pack_array(&b->pk, b0 >= 0 ? 2 : 1);
+	graph_head(b, b0 >= 0 ? 2 : 1);
 	spec2(b, "f32", a0, a1);
 	if (b0 >= 0)
 		spec2(b, "f32", b0, b1);
@@ -1596,11 +1553,7 @@ Test(compile, kiln_dropout_bad_arguments)
 static kiln_graph_t *linear_graph(gb_t *b, bool gelu)
 {
 	gb_init(b);
-	msgpack_pack_map(&b->pk, 4);
-	s(b, "format");
-	s(b, "kiln.graph/1");
-	s(b, "inputs");
-	msgpack_pack_array(&b->pk, 2);
+	graph_head(b, 2);
 	spec2(b, "f32", 48, 40);
 	spec2(b, "f32", 1024, 40);
 	s(b, "nodes");
@@ -1670,11 +1623,7 @@ Test(conv, tiled_scratch_stays_within_its_bound)
 	gb_init(&b);
 	int64_t x4[4] = {2, 1024, 8, 258}, w4[4] = {2, 1024, 3, 3},
 		y4[4] = {2, 2, 8, 258};
-	msgpack_pack_map(&b.pk, 4);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 2);
+	graph_head(&b, 2);
 	spec4(&b, "f32", x4);
 	spec4(&b, "f32", w4);
 	s(&b, "nodes");

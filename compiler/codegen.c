@@ -1009,6 +1009,15 @@ static void loop_end(gen_t *g, loop_t *L)
 	memo_clear(g);
 }
 
+/* ceil(x / d) for x >= 0 and a constant d > 0 */
+static LLVMValueRef udiv_up(gen_t *g, LLVMValueRef x, int64_t d)
+{
+	return LLVMBuildUDiv(
+	    g->b,
+	    LLVMBuildAdd(g->b, x, LLVMConstInt(g->i64, (uint64_t)d - 1, 0), ""),
+	    LLVMConstInt(g->i64, (uint64_t)d, 0), "");
+}
+
 /* ---- reductions ---------------------------------------------------------- */
 
 #define RED_UNROLL 4 /* independent accumulators in vector reduce loops */
@@ -1548,13 +1557,7 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			if (chunked) {
 				LLVMValueRef ch =
 				    LLVMConstInt(g->i64, PW_CHUNK, 0);
-				LLVMValueRef nch = LLVMBuildUDiv(
-				    g->b,
-				    LLVMBuildAdd(
-					g->b, n,
-					LLVMConstInt(g->i64, PW_CHUNK - 1, 0),
-					""),
-				    ch, "");
+				LLVMValueRef nch = udiv_up(g, n, PW_CHUNK);
 				LLVMValueRef ci =
 				    LLVMBuildURem(g->b, u, nch, "");
 				LLVMValueRef rest =
@@ -1595,12 +1598,7 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			uint32_t v = od[no - 1];
 			LLVMValueRef nv = osz[no - 1];
 			LLVMValueRef wv = LLVMConstInt(g->i64, (uint64_t)W, 0);
-			LLVMValueRef nb = LLVMBuildUDiv(
-			    g->b,
-			    LLVMBuildAdd(
-				g->b, nv,
-				LLVMConstInt(g->i64, (uint64_t)W - 1, 0), ""),
-			    wv, "");
+			LLVMValueRef nb = udiv_up(g, nv, W);
 			LLVMValueRef bi = LLVMBuildURem(g->b, u, nb, "");
 			LLVMValueRef rest = LLVMBuildUDiv(g->b, u, nb, "");
 			decompose(g, rest, od, no - 1, osz);
@@ -1780,8 +1778,6 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
 #define GEMM_UNITS  32
 #define GEMM_NB_MIN 256
 
-/* max-autotune's variant for a product node (autotune.c: 0 row blocks,
- * 1 row and column blocks, 2 the GEMM template), else -1 */
 /* Whether graph node `node` is a plain product: mm, bmm, addmm or
  * baddbmm (not a convolution's, attention's or a backward op's). */
 static bool plain_product(cctx_t *c, int32_t node)
@@ -1795,6 +1791,8 @@ static bool plain_product(cctx_t *c, int32_t node)
 	       strcmp(op, "aten.baddbmm.default") == 0;
 }
 
+/* max-autotune's variant for a product node (autotune.c: 0 row blocks,
+ * 1 row and column blocks, 2 the GEMM template), else -1 */
 static int gemm_forced(cctx_t *c, int32_t node)
 {
 	if (c->tune == NULL || !plain_product(c, node))
@@ -1897,91 +1895,91 @@ static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
 	return fits && M.c * N.c * K.c >= TG_MIN_MACS;
 }
 
-/* Whether the template takes the product packing B (a panel at a time, or
- * blocked with A packed too): static sizes. */
-static bool tmpl_packed(cctx_t *c, const cnode_t *n)
+/* The product's form (cg_gemm_tmpl) and in *why the reason for it, as
+ * --emit=kernels prints it under a heuristic's choice. Packing B (a panel
+ * at a time, or blocked with A packed too) needs static sizes; by the
+ * heuristic, plain products only (a convolution's keeps BLAS, which packs
+ * its few rows' B faster: ResNet-18's 256->512 at 14², batch 16,
+ * 512x2304x784 in column blocks of 288, the blocked template 1.03-1.15 of
+ * BLAS's time; attention's and the backward ops' products were not
+ * measured) with at least one panel of columns (narrower, most of each
+ * vector would be padding). */
+static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 {
 	const lt_t *a = n->ga, *b = n->gb;
 	uint32_t r = b->rank;
+	const char *w = NULL;
+	int form = 0;
+	int64_t M = 0, K = 0, N = 0;
+	bool stat = true;
 	for (uint32_t d = 0; d < r; d++)
-		if (a->sizes[d].e != NULL || b->sizes[d].e != NULL)
-			return false;
-	int64_t M = a->sizes[r - 2].c, K = a->sizes[r - 1].c,
+		stat = stat && a->sizes[d].e == NULL && b->sizes[d].e == NULL;
+	if (stat) {
+		M = a->sizes[r - 2].c;
+		K = a->sizes[r - 1].c;
 		N = b->sizes[r - 1].c;
-	if (tmpl_unpacked(c, n))
-		return false;
+	}
 	int f = gemm_forced(c, n->node);
-	if (f >= 0)
-		return f == 2;
-	/* by the heuristic: plain products only (a convolution's keeps
-	 * BLAS, which packs its few rows' B faster: ResNet-18's 256->512 at
-	 * 14², batch 16, 512x2304x784 in column blocks of 288, the blocked
-	 * template 1.03-1.15 of BLAS's time; attention's and the backward
-	 * ops' products were not measured), at least one panel of columns
-	 * (narrower, most of each vector would be padding) */
-	if ((dim_is(b->strides[r - 1], 1) && M < TG_PACK_MIN_M) ||
-	    !plain_product(c, n->node) || N < CG_TG_NR)
-		return false;
-	return M * N * K >= TG_MIN_MACS && M * K * 4 <= TG_A_MAX;
+	if (n->conv != NULL)
+		w = "a tiled convolution's product (ops_conv.c)";
+	else if (c->bufs[n->buf].dtype != KILN_DT_F32)
+		w = "BLAS: the template is f32 only";
+	else if (c->vec_width != 16)
+		w = "BLAS: the template needs 16-lane vectors (AVX-512)";
+	else if (tmpl_unpacked(c, n)) {
+		form = 1;
+		w = "template: B's columns per unit fit in 256 KiB (L2), at "
+		    "least 2^21 multiply-adds";
+	} else if (!stat)
+		w = "BLAS: symbolic sizes";
+	else if (f >= 0) {
+		form = f == 2 ? 2 : 0;
+		w = "chosen by max-autotune";
+	} else if (M * N * K < TG_MIN_MACS)
+		w = "BLAS: under 2^21 multiply-adds (the template's compile "
+		    "costs more than it saves)";
+	else if (!plain_product(c, n->node))
+		w = "BLAS: not mm, bmm, addmm or baddbmm (a convolution's "
+		    "product measured faster with BLAS; others unmeasured)";
+	else if (N < CG_TG_NR)
+		w = "BLAS: under 32 columns (a panel would be mostly padding)";
+	else if (dim_is(b->strides[r - 1], 1) && M < TG_PACK_MIN_M)
+		w = "BLAS: B row-major and too large for L2, under 512 rows "
+		    "(BLAS packs it more cheaply)";
+	else if (M * K * 4 > TG_A_MAX)
+		w = "BLAS: A over 8 MiB (measured as fast as the template or "
+		    "faster)";
+	else
+		form = 2;
+	if (form == 2 && (K > TG_PANEL_K || M * K * 4 > TG_BLOCK_A)) {
+		form = 3;
+		if (f < 0)
+			w = "template blocked, A and B packed: mm/bmm/addmm/"
+			    "baddbmm, at least 2^21 multiply-adds and 32 "
+			    "columns, B transposed or 512 rows and more, A "
+			    "over "
+			    "2 MiB (at most 8 MiB) or K over 4096";
+	} else if (form == 2 && f < 0) {
+		w = "template packing B a panel at a time: mm/bmm/addmm/"
+		    "baddbmm, at least 2^21 multiply-adds and 32 columns, B "
+		    "transposed or 512 rows and more, A at most 2 MiB, K at "
+		    "most 4096";
+	}
+	if (why != NULL)
+		*why = w;
+	return form;
 }
 
 int cg_gemm_tmpl(cctx_t *c, const cnode_t *n)
 {
-	if (n->conv != NULL || c->bufs[n->buf].dtype != KILN_DT_F32 ||
-	    c->vec_width != 16)
-		return 0;
-	if (tmpl_unpacked(c, n))
-		return 1;
-	if (!tmpl_packed(c, n))
-		return 0;
-	const lt_t *a = n->ga;
-	int64_t M = a->sizes[a->rank - 2].c, K = a->sizes[a->rank - 1].c;
-	return K > TG_PANEL_K || M * K * 4 > TG_BLOCK_A ? 3 : 2;
+	return tmpl_form(c, n, NULL);
 }
 
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n)
 {
-	const lt_t *a = n->ga, *b = n->gb;
-	uint32_t r = b->rank;
-	switch (cg_gemm_tmpl(c, n)) {
-	case 1:
-		return "template: B's columns per unit fit in 256 KiB (L2), at "
-		       "least 2^21 multiply-adds";
-	case 2:
-		return "template packing B a panel at a time: mm/bmm/addmm/"
-		       "baddbmm, at least 2^21 multiply-adds and 32 columns, B "
-		       "transposed or 512 rows and more, A at most 2 MiB, K at "
-		       "most 4096";
-	case 3:
-		return "template blocked, A and B packed: "
-		       "mm/bmm/addmm/baddbmm, "
-		       "at least 2^21 multiply-adds and 32 columns, B "
-		       "transposed or 512 rows and more, A over 2 MiB (at most "
-		       "8 MiB) or K over 4096";
-	default: break;
-	}
-	if (c->bufs[n->buf].dtype != KILN_DT_F32)
-		return "BLAS: the template is f32 only";
-	if (c->vec_width != 16)
-		return "BLAS: the template needs 16-lane vectors (AVX-512)";
-	for (uint32_t d = 0; d < r; d++)
-		if (a->sizes[d].e != NULL || b->sizes[d].e != NULL)
-			return "BLAS: symbolic sizes";
-	if (a->sizes[r - 2].c * a->sizes[r - 1].c * b->sizes[r - 1].c <
-	    TG_MIN_MACS)
-		return "BLAS: under 2^21 multiply-adds (the template's compile "
-		       "costs more than it saves)";
-	if (!plain_product(c, n->node))
-		return "BLAS: not mm, bmm, addmm or baddbmm (a convolution's "
-		       "product measured faster with BLAS; others unmeasured)";
-	if (b->sizes[r - 1].c < CG_TG_NR)
-		return "BLAS: under 32 columns (a panel would be mostly "
-		       "padding)";
-	if (dim_is(b->strides[r - 1], 1) && a->sizes[r - 2].c < TG_PACK_MIN_M)
-		return "BLAS: B row-major and too large for L2, under 512 rows "
-		       "(BLAS packs it more cheaply)";
-	return "BLAS: A over 8 MiB (measured as fast as the template or "
-	       "faster)";
+	const char *w;
+	tmpl_form(c, n, &w);
+	return w;
 }
 
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n)
@@ -2194,11 +2192,7 @@ static void tgemm_rows(gen_t *g, int mr, bool clamp, LLVMValueRef M,
 	LLVMTypeRef et = g->f32;
 	LLVMValueRef mrv = LLVMConstInt(g->i64, (uint64_t)mr, 0);
 	LLVMValueRef zero = LLVMConstInt(g->i64, 0, 0);
-	LLVMValueRef nblk = LLVMBuildUDiv(
-	    g->b,
-	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, (uint64_t)mr - 1, 0),
-			 ""),
-	    mrv, "");
+	LLVMValueRef nblk = udiv_up(g, M, mr);
 	loop_t I;
 	loop_begin(g, &I, zero, nblk, 1);
 	/* block i's first row: i·mr, the last block's M - mr (or 0) */
@@ -2356,10 +2350,7 @@ static void tgemm_pack_a(gen_t *g, LLVMValueRef mc, LLVMValueRef kc,
 	LLVMTypeRef over[2] = {vt, LLVMVectorType(g->ptr, TG_MR)};
 	LLVMValueRef mrv = LLVMConstInt(g->i64, TG_MR, 0);
 	LLVMValueRef one = LLVMConstInt(g->i64, 1, 0);
-	LLVMValueRef nblk = LLVMBuildUDiv(
-	    g->b,
-	    LLVMBuildAdd(g->b, mc, LLVMConstInt(g->i64, TG_MR - 1, 0), ""), mrv,
-	    "");
+	LLVMValueRef nblk = udiv_up(g, mc, TG_MR);
 	loop_t I;
 	loop_begin(g, &I, LLVMConstInt(g->i64, 0, 0), nblk, 1);
 	/* the rows' offsets, min(I·MR + l, mc - 1)·lda */
@@ -2440,14 +2431,9 @@ static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 	 * A again for little work (512x2304x784 in column blocks of 288:
 	 * 256 + 32 measured 1.13-1.15 of BLAS's time, as one block 1.03) */
 	LLVMValueRef nrm1 = LLVMConstInt(g->i64, (uint64_t)nr - 1, 0);
-	LLVMValueRef np =
-	    LLVMBuildUDiv(g->b, LLVMBuildAdd(g->b, N, nrm1, ""), nrv, "");
+	LLVMValueRef np = udiv_up(g, N, nr);
 	int64_t bpn = TG_NC / nr; /* panels per block at most */
-	LLVMValueRef ncb = LLVMBuildUDiv(
-	    g->b,
-	    LLVMBuildAdd(g->b, np, LLVMConstInt(g->i64, (uint64_t)bpn - 1, 0),
-			 ""),
-	    LLVMConstInt(g->i64, (uint64_t)bpn, 0), "");
+	LLVMValueRef ncb = udiv_up(g, np, bpn);
 	loop_begin(g, &JC, zero, ncb, 1);
 	LLVMValueRef p0 =
 	    LLVMBuildUDiv(g->b, LLVMBuildMul(g->b, JC.i, np, ""), ncb, "");
@@ -2482,10 +2468,7 @@ static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 	tg_masks(g, nc, J2.i, mask, vw);
 	LLVMValueRef pj = LLVMBuildMul(g->b, J2.i, kc, "");
 	LLVMValueRef bc = LLVMBuildGEP2(g->b, et, bp, &pj, 1, "");
-	LLVMValueRef nblk = LLVMBuildUDiv(
-	    g->b,
-	    LLVMBuildAdd(g->b, mc, LLVMConstInt(g->i64, TG_MR - 1, 0), ""), mrv,
-	    "");
+	LLVMValueRef nblk = udiv_up(g, mc, TG_MR);
 	loop_begin(g, &I, zero, nblk, 1);
 	LLVMValueRef r0 = LLVMBuildMul(g->b, I.i, mrv, "");
 	/* the block's last row: fewer than MR left repeat it */
@@ -2562,10 +2545,7 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMValueRef b_nt =
 	    LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, sbn, one, ""),
 			LLVMBuildICmp(g->b, LLVMIntEQ, N, one, ""), "");
-	LLVMValueRef nmb = LLVMBuildUDiv(
-	    g->b,
-	    LLVMBuildAdd(g->b, M, LLVMConstInt(g->i64, GEMM_MB - 1, 0), ""),
-	    LLVMConstInt(g->i64, GEMM_MB, 0), "");
+	LLVMValueRef nmb = udiv_up(g, M, GEMM_MB);
 	nmb = imax(g, nmb, one);
 	int64_t nb_c = cg_gemm_col_block(c, n);
 	/* column blocks: nnb of NB columns (one of all N when unblocked) */

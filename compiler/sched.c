@@ -686,10 +686,14 @@ static const char *const role_names[] = {"full", "reduce", "row"};
 static const char *const red_names[] = {
     "", "sum", "prod", "max", "min", "argmax", "argmin", "any", "all"};
 
-static void report_tune(cctx_t *c, sbuf_t *s, int32_t node)
+/* max-autotune's decision for graph node `node`, when it made one:
+ * whether a line was written */
+static bool report_tune(cctx_t *c, sbuf_t *s, int32_t node)
 {
-	if (c->tune_why != NULL && node >= 0 && c->tune_why[node][0] != '\0')
-		sb_printf(s, "    %s\n", c->tune_why[node]);
+	if (c->tune_why == NULL || node < 0 || c->tune_why[node][0] == '\0')
+		return false;
+	sb_printf(s, "    %s\n", c->tune_why[node]);
+	return true;
 }
 
 char *sched_report(cctx_t *c)
@@ -805,10 +809,7 @@ char *sched_report(cctx_t *c)
 						 1023) /
 						1024));
 			}
-			if (c->tune_why != NULL && n->node >= 0 &&
-			    c->tune_why[n->node][0] != '\0')
-				report_tune(c, &s, n->node);
-			else
+			if (!report_tune(c, &s, n->node))
 				sb_printf(&s, "    by the heuristic: %s\n",
 					  cg_gemm_why(c, n));
 			continue;

@@ -58,6 +58,15 @@ def tensor(a):
     return {"dtype": "f32", "shape": list(a.shape), "data": a.tobytes()}
 
 
+def kilnc_bench_ms(g, io):
+    """kilnc G --run IO --bench: the run's median in ms."""
+    r = subprocess.run([KILNC, g, "--run", io, "--bench"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(r.stdout + r.stderr)
+    line = [l for l in r.stdout.splitlines() if l.startswith("run:")][0]
+    return float(line.split("median ")[1].split(" ms")[0])
+
+
 def kiln_run_ms(graph, inputs, outputs):
     """Writes the graph and io files, runs kilnc --run --bench.
 
@@ -76,11 +85,7 @@ def kiln_run_ms(graph, inputs, outputs):
                                    "inputs": [tensor(x) for x in inputs],
                                    "outputs": [tensor(y) for y in outputs],
                                    "rtol": 1e-3, "atol": 1e-3}, use_bin_type=True))
-        r = subprocess.run([KILNC, g, "--run", io, "--bench"], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(r.stdout + r.stderr)
-        line = [l for l in r.stdout.splitlines() if l.startswith("run:")][0]
-        return float(line.split("median ")[1].split(" ms")[0])
+        return kilnc_bench_ms(g, io)
 
 
 def bench_gemm(torch):
@@ -130,6 +135,16 @@ def bench_conv(torch):
             print(f"{name:>24} {bsz:5} {ms:9.3f} {te:9.3f} {te / ms:10.2f}")
 
 
+def model_row(torch, name, ms, m, args, reps=21):
+    """Times m(*args) eagerly and through Inductor, prints kiln's ms beside."""
+    with torch.no_grad():
+        te = tmed(lambda: m(*args), reps=reps) * 1e3
+        torch._dynamo.reset()
+        cm = torch.compile(m)
+        ti = tmed(lambda: cm(*args), reps=reps) * 1e3
+    print(f"{name:>20} {ms:9.3f} {te:9.3f} {ti:9.3f} {ms / te:10.2f} {ms / ti:9.2f}")
+
+
 def bench_models(torch):
     import json
     import capture_corpus as cc
@@ -140,17 +155,10 @@ def bench_models(torch):
     for name in ("resnet18", "transformer_layer", "mlp", "gpt2", "bert", "vit"):
         g = os.path.join(gdir, f"{name}_fwd.graph.msgpack")
         io = os.path.join(gdir, f"{name}_fwd.io.msgpack")
-        r = subprocess.run([KILNC, g, "--run", io, "--bench"], capture_output=True, text=True)
-        line = [l for l in r.stdout.splitlines() if l.startswith("run:")][0]
-        ms = float(line.split("median ")[1].split(" ms")[0])
+        ms = kilnc_bench_ms(g, io)
         m, args, train, _ = cc.MODELS[name]()
         m.eval()
-        with torch.no_grad():
-            te = tmed(lambda: m(*args)) * 1e3
-            torch._dynamo.reset()
-            cm = torch.compile(m)
-            ti = tmed(lambda: cm(*args)) * 1e3
-        print(f"{name:>20} {ms:9.3f} {te:9.3f} {ti:9.3f} {ms / te:10.2f} {ms / ti:9.2f}")
+        model_row(torch, name, ms, m, args)
     # the corpus resnet18 is batch 1 at 64x64; training-size inputs too:
     # batch 16 at 224x224, captured here (not stored: 150 KB of io)
     import torchvision
@@ -161,18 +169,9 @@ def bench_models(torch):
     with tempfile.TemporaryDirectory() as d:
         cc.export_capture("r18b16", cap, out_dir=d)
         time.sleep(QUIET_S)
-        r = subprocess.run([KILNC, os.path.join(d, "r18b16_fwd.graph.msgpack"), "--run",
-                            os.path.join(d, "r18b16_fwd.io.msgpack"), "--bench"],
-                           capture_output=True, text=True)
-    line = [l for l in r.stdout.splitlines() if l.startswith("run:")][0]
-    ms = float(line.split("median ")[1].split(" ms")[0])
-    with torch.no_grad():
-        te = tmed(lambda: m(x), reps=7) * 1e3
-        torch._dynamo.reset()
-        cm = torch.compile(m)
-        ti = tmed(lambda: cm(x), reps=7) * 1e3
-    name = "resnet18 b16 224^2"
-    print(f"{name:>20} {ms:9.3f} {te:9.3f} {ti:9.3f} {ms / te:10.2f} {ms / ti:9.2f}")
+        ms = kilnc_bench_ms(os.path.join(d, "r18b16_fwd.graph.msgpack"),
+                            os.path.join(d, "r18b16_fwd.io.msgpack"))
+    model_row(torch, "resnet18 b16 224^2", ms, m, (x,), reps=7)
 
 
 def main():

@@ -393,7 +393,8 @@ static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
 /* A convolution: 0 the tiled template with the GEMM template as its
  * product (ops_conv.c; where the target has none, the same kernels as 2),
  * 1 the whole-image (or batched) im2col and a product (BLAS, or the GEMM
- * template by codegen.c's rule for products), 2 the tiled template with
+ * template by codegen.c's rule for products; a batch of small images in
+ * f32 on AVX-512: implicit GEMM, ops_conv.c), 2 the tiled template with
  * BLAS. A convolution whose result feeds exactly one node is timed as 0
  * and 2 only: that node may become the tiled form's epilogue, which the
  * whole-image form rules out and a one-node timing cannot see. A product: 0

@@ -159,7 +159,8 @@ typedef struct cnode {
 	/* with gemm: a convolution, buf[n, o, oh, ow] = sum_ckk ga[o, ckk] *
 	 * im2col(gb)[n, ckk, (oh, ow)], gb the 4-d input buffer view; the
 	 * kernel builds each tile of columns in a scratch and multiplies it
-	 * there (codegen.c) */
+	 * there (codegen.c), or with conv->implicit buf[o, (n, oh, ow)],
+	 * B's blocks packed from gb */
 	const struct convspec *conv;
 } cnode_t;
 
@@ -168,6 +169,11 @@ typedef struct convspec {
 	int64_t s[2], p[2], d[2];
 	int64_t rows; /* output rows per tile of columns */
 	bool tmpl;    /* the product by codegen's GEMM template, not BLAS */
+	/* implicit GEMM over a batch of small images: buf[o, (n, oh, ow)] =
+	 * sum_ckk ga[o, ckk] * im2col(gb)[ckk, (n, oh, ow)], the blocked
+	 * GEMM template packing B's blocks straight from the input (no
+	 * im2col buffer); rows unused */
+	bool implicit;
 } convspec_t;
 
 /* ---- kernels ------------------------------------------------------------- */

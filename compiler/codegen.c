@@ -1009,6 +1009,11 @@ static void loop_end(gen_t *g, loop_t *L)
 	memo_clear(g);
 }
 
+static LLVMValueRef K64(gen_t *g, int64_t v)
+{
+	return LLVMConstInt(g->i64, (uint64_t)v, 1);
+}
+
 /* ceil(x / d) for x >= 0 and a constant d > 0 */
 static LLVMValueRef udiv_up(gen_t *g, LLVMValueRef x, int64_t d)
 {
@@ -2210,6 +2215,21 @@ static void tgemm_rows(gen_t *g, int mr, bool clamp, LLVMValueRef M,
 	loop_end(g, &I);
 }
 
+/* Vector v of row k of a packed panel (TG_NV vectors of vw floats a row,
+ * 64-byte aligned) := val. */
+static void tg_panel_store(gen_t *g, LLVMValueRef pk, LLVMValueRef k, int v,
+			   int vw, LLVMValueRef val)
+{
+	LLVMValueRef o = LLVMBuildAdd(
+	    g->b,
+	    LLVMBuildMul(g->b, k,
+			 LLVMConstInt(g->i64, (uint64_t)(TG_NV * vw), 0), ""),
+	    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0), "");
+	LLVMValueRef st = LLVMBuildStore(
+	    g->b, val, LLVMBuildGEP2(g->b, g->f32, pk, &o, 1, ""));
+	LLVMSetAlignment(st, 64);
+}
+
 /* Copies B's columns [j, j + nr) (masks: those under N), element (k, j)
  * at b[k·ldb + j·sbn], to the panel pk: row k at pk[k·nr], zeros past N.
  * Unit sbn: masked vector loads; else gathers (a transposed weight). */
@@ -2260,15 +2280,7 @@ static void tgemm_pack(gen_t *g, LLVMValueRef K, LLVMValueRef b,
 			val =
 			    cg_intr(g, "llvm.masked.gather", gover, 2, args, 4);
 		}
-		LLVMValueRef o = LLVMBuildAdd(
-		    g->b,
-		    LLVMBuildMul(
-			g->b, Kl.i,
-			LLVMConstInt(g->i64, (uint64_t)(TG_NV * vw), 0), ""),
-		    LLVMConstInt(g->i64, (uint64_t)(v * vw), 0), "");
-		LLVMValueRef st = LLVMBuildStore(
-		    g->b, val, LLVMBuildGEP2(g->b, et, pk, &o, 1, ""));
-		LLVMSetAlignment(st, 64);
+		tg_panel_store(g, pk, Kl.i, v, vw, val);
 	}
 	loop_end(g, &Kl);
 }
@@ -2403,6 +2415,105 @@ static LLVMValueRef block_begin(gen_t *g, loop_t *L, LLVMValueRef n,
 	return imin(g, st, LLVMBuildSub(g->b, n, L->i, ""));
 }
 
+/* A convolution's B for implicit GEMM (gen_conv_implicit_body): element
+ * (k, j) of im2col(x)[C·KH·KW, N·OH·OW], k = (ch, kh, kw) and j = (n, oh,
+ * ow), is x[n, ch, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw], 0 in the
+ * padding; col0 is the first column of B the caller's block starts at. */
+typedef struct tg_convb {
+	const convspec_t *cs;
+	LLVMValueRef x;	   /* the input's first element */
+	LLVMValueRef col0; /* i64 */
+	int64_t xs[4];	   /* the input's strides, in elements */
+} tg_convb_t;
+
+/* tgemm_pack for implicit GEMM: rows [k0, k0 + kc) of B's panel of
+ * columns col .. col + CG_TG_NR to pk, gathered from x with 32-bit
+ * offsets (ops_conv.c checks they fit). Per panel each lane's image,
+ * output row and column, and its offset without the tap; per k the tap's
+ * (ch, kh, kw) as scalars, so a vector of the panel costs two adds, two
+ * range checks and one masked gather (lanes in the padding, and past
+ * the last column, are 0). */
+static void tgemm_pack_conv(gen_t *g, const tg_convb_t *cb, LLVMValueRef k0,
+			    LLVMValueRef kc, LLVMValueRef col, LLVMValueRef pk,
+			    const LLVMValueRef *mask, int vw)
+{
+	const convspec_t *cs = cb->cs;
+	LLVMTypeRef et = g->f32, vt = LLVMVectorType(et, (unsigned)vw);
+	LLVMTypeRef over[2] = {vt, LLVMVectorType(g->ptr, (unsigned)vw)};
+#define S32(v) cg_splat(g, LLVMConstInt(g->i32, (uint64_t)(v), 1), vw)
+	LLVMValueRef c32 = LLVMBuildTrunc(g->b, col, g->i32, "");
+	LLVMValueRef ihb[TG_NV], iwb[TG_NV], base[TG_NV];
+	for (int v = 0; v < TG_NV; v++) {
+		LLVMValueRef ls[64];
+		for (int l = 0; l < vw; l++)
+			ls[l] = LLVMConstInt(g->i32, (uint64_t)(v * vw + l), 0);
+		LLVMValueRef j =
+		    LLVMBuildAdd(g->b, cg_splat(g, c32, vw),
+				 LLVMConstVector(ls, (unsigned)vw), "");
+		LLVMValueRef P = S32(cs->OH * cs->OW);
+		LLVMValueRef ni = LLVMBuildUDiv(g->b, j, P, "");
+		LLVMValueRef pi = LLVMBuildURem(g->b, j, P, "");
+		LLVMValueRef oh = LLVMBuildUDiv(g->b, pi, S32(cs->OW), "");
+		LLVMValueRef ow = LLVMBuildURem(g->b, pi, S32(cs->OW), "");
+		ihb[v] = LLVMBuildSub(g->b,
+				      LLVMBuildMul(g->b, oh, S32(cs->s[0]), ""),
+				      S32(cs->p[0]), "");
+		iwb[v] = LLVMBuildSub(g->b,
+				      LLVMBuildMul(g->b, ow, S32(cs->s[1]), ""),
+				      S32(cs->p[1]), "");
+		base[v] = LLVMBuildAdd(
+		    g->b, LLVMBuildMul(g->b, ni, S32(cb->xs[0]), ""),
+		    LLVMBuildAdd(
+			g->b, LLVMBuildMul(g->b, ihb[v], S32(cb->xs[2]), ""),
+			LLVMBuildMul(g->b, iwb[v], S32(cb->xs[3]), ""), ""),
+		    "");
+	}
+	loop_t Kl;
+	loop_begin(g, &Kl, LLVMConstInt(g->i64, 0, 0), kc, 1);
+	LLVMValueRef kk = LLVMBuildAdd(g->b, k0, Kl.i, "");
+	LLVMValueRef ch = LLVMBuildUDiv(g->b, kk, K64(g, cs->KH * cs->KW), "");
+	LLVMValueRef kr = LLVMBuildURem(g->b, kk, K64(g, cs->KH * cs->KW), "");
+	LLVMValueRef dh =
+	    LLVMBuildMul(g->b, LLVMBuildUDiv(g->b, kr, K64(g, cs->KW), ""),
+			 K64(g, cs->d[0]), "");
+	LLVMValueRef dw =
+	    LLVMBuildMul(g->b, LLVMBuildURem(g->b, kr, K64(g, cs->KW), ""),
+			 K64(g, cs->d[1]), "");
+	LLVMValueRef koff = LLVMBuildAdd(
+	    g->b, LLVMBuildMul(g->b, ch, K64(g, cb->xs[1]), ""),
+	    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, dh, K64(g, cb->xs[2]), ""),
+			 LLVMBuildMul(g->b, dw, K64(g, cb->xs[3]), ""), ""),
+	    "");
+	LLVMValueRef dhv =
+	    cg_splat(g, LLVMBuildTrunc(g->b, dh, g->i32, ""), vw);
+	LLVMValueRef dwv =
+	    cg_splat(g, LLVMBuildTrunc(g->b, dw, g->i32, ""), vw);
+	LLVMValueRef kov =
+	    cg_splat(g, LLVMBuildTrunc(g->b, koff, g->i32, ""), vw);
+	for (int v = 0; v < TG_NV; v++) {
+		/* unsigned: a negative row or column is out of range too */
+		LLVMValueRef ih = LLVMBuildAdd(g->b, ihb[v], dhv, "");
+		LLVMValueRef iw = LLVMBuildAdd(g->b, iwb[v], dwv, "");
+		LLVMValueRef m = LLVMBuildAnd(
+		    g->b, mask[v],
+		    LLVMBuildAnd(
+			g->b,
+			LLVMBuildICmp(g->b, LLVMIntULT, ih, S32(cs->H), ""),
+			LLVMBuildICmp(g->b, LLVMIntULT, iw, S32(cs->W), ""),
+			""),
+		    "");
+		LLVMValueRef o = LLVMBuildAdd(g->b, base[v], kov, "");
+		LLVMValueRef args[4] = {
+		    LLVMBuildGEP2(g->b, et, cb->x, &o, 1, ""),
+		    LLVMConstInt(g->i32, 4, 0), m, LLVMConstNull(vt)};
+		LLVMValueRef val =
+		    cg_intr(g, "llvm.masked.gather", over, 2, args, 4);
+		tg_panel_store(g, pk, Kl.i, v, vw, val);
+	}
+#undef S32
+	loop_end(g, &Kl);
+}
+
 /* C[M, N] = A @ B blocked and packed as BLIS does, for a B too large for
  * L2 or transposed: per block of TG_NC columns and TG_KC rows of B, its
  * panels are packed to bp (tgemm_pack: kc x CG_TG_NR floats each, 64 KiB,
@@ -2410,12 +2521,15 @@ static LLVMValueRef block_begin(gen_t *g, loop_t *L, LLVMValueRef n,
  * A, those rows' kc columns to ap (tgemm_pack_a: micro-panels of TG_MR
  * rows, contiguous broadcasts, kept in L2); the tiles of a later block of
  * K add to C. A element (i, k) at a[i·lda + k·sak], B's (k, j) at
- * b[k·ldb + j·sbn] (unit: sbn is 1 or N is 1). K is static. */
+ * b[k·ldb + j·sbn] (unit: sbn is 1 or N is 1), or with cb a convolution's
+ * im2col, packed from its input (tgemm_pack_conv; b, ldb, sbn unused). K
+ * is static. */
 static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 			  LLVMValueRef a, LLVMValueRef lda, LLVMValueRef sak,
 			  LLVMValueRef b, LLVMValueRef ldb, LLVMValueRef sbn,
 			  bool unit, LLVMValueRef c, LLVMValueRef ldc,
-			  LLVMValueRef bp, LLVMValueRef ap)
+			  LLVMValueRef bp, LLVMValueRef ap,
+			  const tg_convb_t *cb)
 {
 	LLVMTypeRef et = g->f32;
 	int vw = g->c->vec_width;
@@ -2446,17 +2560,28 @@ static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 	LLVMValueRef kc =
 	    block_begin(g, &PC, LLVMConstInt(g->i64, (uint64_t)K, 0), TG_KC);
 	LLVMValueRef accum = LLVMBuildICmp(g->b, LLVMIntSGT, PC.i, zero, "");
-	LLVMValueRef bo = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, PC.i, ldb, ""),
-				       LLVMBuildMul(g->b, j0, sbn, ""), "");
-	LLVMValueRef bblk = LLVMBuildGEP2(g->b, et, b, &bo, 1, "");
+	LLVMValueRef bblk = NULL;
+	if (cb == NULL) {
+		LLVMValueRef bo =
+		    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, PC.i, ldb, ""),
+				 LLVMBuildMul(g->b, j0, sbn, ""), "");
+		bblk = LLVMBuildGEP2(g->b, et, b, &bo, 1, "");
+	}
 	LLVMValueRef mask[TG_NV];
 	/* B's block: panel J at bp + J·kc */
 	LLVMValueRef ncr = LLVMBuildAdd(g->b, nc, nrm1, "");
 	loop_begin(g, &J, zero, ncr, nr);
 	tg_masks(g, nc, J.i, mask, vw);
 	LLVMValueRef po = LLVMBuildMul(g->b, J.i, kc, "");
-	tgemm_pack(g, kc, bblk, ldb, sbn, unit, J.i,
-		   LLVMBuildGEP2(g->b, et, bp, &po, 1, ""), mask, vw);
+	LLVMValueRef pdst = LLVMBuildGEP2(g->b, et, bp, &po, 1, "");
+	if (cb != NULL)
+		tgemm_pack_conv(g, cb, PC.i, kc,
+				LLVMBuildAdd(g->b, cb->col0,
+					     LLVMBuildAdd(g->b, j0, J.i, ""),
+					     ""),
+				pdst, mask, vw);
+	else
+		tgemm_pack(g, kc, bblk, ldb, sbn, unit, J.i, pdst, mask, vw);
 	loop_end(g, &J);
 	/* A's blocks of rows, each packed, then every tile over them */
 	LLVMValueRef mc = block_begin(g, &IC, M, TG_MC);
@@ -2676,7 +2801,7 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		if (blocked)
 			tgemm_blocked(g, rows, ncols, kst, ap, sam, sak, bp,
 				      sbk, sbn, unit, cp, imax(g, N, one), pk,
-				      pa);
+				      pa, NULL);
 		else
 			tgemm(g, -1, rows, ncols, K, ap, sam, sak, bp, sbk, pk,
 			      sbn, unit, cp, imax(g, N, one));
@@ -2706,11 +2831,6 @@ static void gen_gemm_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 }
 
 /* ---- convolution: im2col tiles multiplied in place ----------------------- */
-
-static LLVMValueRef K64(gen_t *g, int64_t v)
-{
-	return LLVMConstInt(g->i64, (uint64_t)v, 1);
-}
 
 static int64_t conv_tiles(const convspec_t *cs)
 {
@@ -2959,9 +3079,77 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	loop_end(g, &U);
 }
 
+/* Implicit GEMM's units: the N·OH·OW columns' panels in blocks of at
+ * most TG_NC columns, their widths within a panel of each other (as
+ * tgemm_blocked splits them); each unit packs its B block once per block
+ * of K and passes every row of W over it. */
+static int64_t conv_implicit_units(const convspec_t *cs)
+{
+	int64_t np = (cs->N * cs->OH * cs->OW + CG_TG_NR - 1) / CG_TG_NR;
+	int64_t bpn = TG_NC / CG_TG_NR;
+	return (np + bpn - 1) / bpn;
+}
+
+/* One unit u of conv_implicit_units: out[:, j0 .. j0 + nc) = W @
+ * im2col(x)[:, j0 .. j0 + nc) by the blocked template, whose B blocks
+ * tgemm_pack_conv gathers from x (so the im2col never reaches memory). */
+static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
+				   LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	const cnode_t *n = &c->nodes[g->k->members[0].node];
+	const convspec_t *cs = n->conv;
+	const lt_t *wt = n->ga, *xt = n->gb;
+	LLVMTypeRef et = g->f32;
+	int64_t NP = cs->N * cs->OH * cs->OW, CKK = cs->C * cs->KH * cs->KW;
+	int64_t np = (NP + CG_TG_NR - 1) / CG_TG_NR;
+	int64_t nub = conv_implicit_units(cs);
+	LLVMValueRef bp =
+	    entry_alloca(g, LLVMArrayType(et, (unsigned)(TG_KC * TG_NC)));
+	LLVMValueRef ap =
+	    entry_alloca(g, LLVMArrayType(et, (unsigned)(TG_MC * TG_KC)));
+	LLVMSetAlignment(bp, 64);
+	LLVMSetAlignment(ap, 64);
+	tg_convb_t cb = {.cs = cs};
+	for (int k = 0; k < 4; k++)
+		cb.xs[k] = xt->strides[k].c;
+	LLVMValueRef xoff = emit_ix(g, ix_dim(c, xt->offset));
+	cb.x = LLVMBuildGEP2(g->b, et, buf_ptr(g, xt->buf), &xoff, 1, "");
+	LLVMValueRef woff = emit_ix(g, ix_dim(c, wt->offset));
+	LLVMValueRef wp =
+	    LLVMBuildGEP2(g->b, et, buf_ptr(g, wt->buf), &woff, 1, "");
+	LLVMValueRef lda = emit_ix(g, ix_dim(c, wt->strides[0]));
+	LLVMValueRef sak = emit_ix(g, ix_dim(c, wt->strides[1]));
+	LLVMValueRef op = buf_ptr(g, n->buf);
+	loop_t U;
+	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef p0 = LLVMBuildUDiv(
+	    g->b, LLVMBuildMul(g->b, U.i, K64(g, np), ""), K64(g, nub), "");
+	LLVMValueRef p1 = LLVMBuildUDiv(
+	    g->b,
+	    LLVMBuildMul(g->b, LLVMBuildAdd(g->b, U.i, K64(g, 1), ""),
+			 K64(g, np), ""),
+	    K64(g, nub), "");
+	LLVMValueRef j0 = LLVMBuildMul(g->b, p0, K64(g, CG_TG_NR), "");
+	LLVMValueRef nc = LLVMBuildSub(
+	    g->b,
+	    imin(g, LLVMBuildMul(g->b, p1, K64(g, CG_TG_NR), ""), K64(g, NP)),
+	    j0, "");
+	cb.col0 = j0;
+	tgemm_blocked(g, K64(g, cs->O), nc, CKK, wp, lda, sak, NULL, NULL, NULL,
+		      false, LLVMBuildGEP2(g->b, et, op, &j0, 1, ""),
+		      K64(g, NP), bp, ap, &cb);
+	loop_end(g, &U);
+}
+
 static void gemm_extent(cctx_t *c, kernel_t *k)
 {
 	const cnode_t *n = &c->nodes[k->members[0].node];
+	if (n->conv != NULL && n->conv->implicit) {
+		k->extent = dim_const(conv_implicit_units(n->conv));
+		k->grain = 1;
+		return;
+	}
 	if (n->conv != NULL) {
 		k->extent = dim_const(n->conv->N * conv_tiles(n->conv));
 		k->grain = 1;
@@ -3104,7 +3292,11 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	if (g->mval == NULL || g->mval_width == NULL)
 		return -ENOMEM;
 	memo_clear(g);
-	if (k->is_gemm && c->nodes[k->members[0].node].conv != NULL)
+	const convspec_t *kcs =
+	    k->is_gemm ? c->nodes[k->members[0].node].conv : NULL;
+	if (kcs != NULL && kcs->implicit)
+		gen_conv_implicit_body(g, begin, end);
+	else if (kcs != NULL)
 		gen_conv_body(g, begin, end);
 	else if (k->is_gemm)
 		gen_gemm_body(g, begin, end);

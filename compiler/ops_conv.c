@@ -14,7 +14,9 @@
  * (oh,ow)] = x[n, g·Cg + cg, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw] (0
  * outside) is materialized, then out[n·g] = W[g] @ col[n·g] through BLAS (for
  *     a batch of small images, groups == 1: col[(c,kh,kw), (n,oh,ow)] and
- *     one product W @ col, read as [N, O, OH, OW] through a view); the
+ *     one product W @ col, read as [N, O, OH, OW] through a view; in f32
+ *     with the GEMM template that product is implicit GEMM, conv_implicit,
+ *     whose packing reads x itself and no col is built); the
  *     bias, and the eval batch_norm / relu / residual add that follow in the
  *     graph, fuse into one pointwise kernel after it.
  *   direct (depthwise and other convolutions with Cg·KH·KW <= 32): a
@@ -228,6 +230,31 @@ static int weight_2d(lnode_t *n, lt_t *w, int64_t O, int64_t K,
 	return acc_buf(n, wv, acc, true, out);
 }
 
+/* A convspec in the arena for dims {N, C, H, W, O, KH, KW, OH, OW} and
+ * cv's stride, padding and dilation (rows, tmpl, implicit left 0). */
+static convspec_t *new_convspec(cctx_t *c, const conv_t *cv,
+				const int64_t *dims)
+{
+	convspec_t *cs = kiln_arena_calloc(c->arena, 1, sizeof(*cs));
+	if (cs == NULL)
+		return NULL;
+	*cs = (convspec_t){.N = dims[0],
+			   .C = dims[1],
+			   .H = dims[2],
+			   .W = dims[3],
+			   .O = dims[4],
+			   .KH = dims[5],
+			   .KW = dims[6],
+			   .OH = dims[7],
+			   .OW = dims[8]};
+	for (int k = 0; k < 2; k++) {
+		cs->s[k] = cv->s[k];
+		cs->p[k] = cv->p[k];
+		cs->d[k] = cv->d[k];
+	}
+	return cs;
+}
+
 /* The tiled template (groups == 1): one compute node whose kernel, for
  * each unit (image, block of output rows),
  * writes that block's im2col columns into a scratch of at most
@@ -239,8 +266,8 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 		      kiln_dtype_t acc, const int64_t *dims, lt_t **out)
 {
 	cctx_t *c = n->c;
-	int64_t N = dims[0], C = dims[1], H = dims[2], W = dims[3], O = dims[4],
-		KH = dims[5], KW = dims[6], OH = dims[7], OW = dims[8];
+	int64_t N = dims[0], C = dims[1], O = dims[4], KH = dims[5],
+		KW = dims[6], OH = dims[7], OW = dims[8];
 	int64_t CKK = C * KH * KW;
 	lt_t *xb, *wb;
 	int rc = acc_buf(n, x, acc, false, &xb);
@@ -249,28 +276,54 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	rc = weight_2d(n, w, O, CKK, acc, &wb);
 	if (rc != 0)
 		return rc;
-	convspec_t *cs = kiln_arena_calloc(c->arena, 1, sizeof(*cs));
+	convspec_t *cs = new_convspec(c, cv, dims);
 	if (cs == NULL)
 		return -ENOMEM;
-	*cs = (convspec_t){.N = N,
-			   .C = C,
-			   .H = H,
-			   .W = W,
-			   .O = O,
-			   .KH = KH,
-			   .KW = KW,
-			   .OH = OH,
-			   .OW = OW};
-	for (int k = 0; k < 2; k++) {
-		cs->s[k] = cv->s[k];
-		cs->p[k] = cv->p[k];
-		cs->d[k] = cv->d[k];
-	}
 	cs->rows = conv_tile_rows(CKK, OH, OW, acc);
 	cs->tmpl = conv_template(c, n, acc);
 	kiln_dim_t sz[4] = {dim_const(N), dim_const(O), dim_const(OH),
 			    dim_const(OW)};
 	return lgemm_node(n, wb, xb, cs, acc, 4, sz, out);
+}
+
+/* Implicit GEMM for a batch of small images (groups == 1, f32 with the
+ * GEMM template): one product node W[O, CKK] @ col[CKK, N·OH·OW] whose
+ * B blocks the blocked template packs straight from x (codegen.c
+ * gen_conv_implicit_body), into out[O, N·OH·OW]; *done false (nothing
+ * built) where x's offsets do not fit the packing's 32-bit gather
+ * indices. The im2col buffer it replaces was 14 MB for ResNet-18's
+ * 512->512 at 7² at batch 16, its kernel 1.8 ms of 14.5. */
+static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
+			 kiln_dtype_t acc, const int64_t *dims, bool *done,
+			 lt_t **out)
+{
+	cctx_t *c = n->c;
+	int64_t N = dims[0], C = dims[1], O = dims[4], KH = dims[5],
+		KW = dims[6], OH = dims[7], OW = dims[8];
+	*done = false;
+	lt_t *xb, *wb;
+	int rc = acc_buf(n, x, acc, false, &xb);
+	if (rc != 0)
+		return rc;
+	int64_t last = 0;
+	for (int k = 0; k < 4; k++) {
+		if (xb->strides[k].e != NULL)
+			return 0;
+		last += (xb->sizes[k].c - 1) * xb->strides[k].c;
+	}
+	if (xb->offset.e != NULL || xb->offset.c + last >= INT32_MAX)
+		return 0;
+	rc = weight_2d(n, w, O, C * KH * KW, acc, &wb);
+	if (rc != 0)
+		return rc;
+	convspec_t *cs = new_convspec(c, cv, dims);
+	if (cs == NULL)
+		return -ENOMEM;
+	cs->tmpl = true;
+	cs->implicit = true;
+	kiln_dim_t sz[2] = {dim_const(O), dim_const(N * OH * OW)};
+	*done = true;
+	return lgemm_node(n, wb, xb, cs, acc, 2, sz, out);
 }
 
 /* Whether a groups == 1 convolution takes the tiled template: the
@@ -384,26 +437,38 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		 * kw), (n, oh, ow)], and one product W[O, CKK] @ col gives
 		 * [O, N, OH, OW], read back as [N, O, OH, OW] through a view
 		 * (OH·OW stays the contiguous inner run) */
-		kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
-				    dim_const(N), dim_const(OH), dim_const(OW)};
-		lt_t *col;
-		rc = im2col(n, x, &cv, acc, cs, IV(3), IV(0), 1, 2, &col);
-		if (rc != 0)
-			return rc;
-		kiln_dim_t c2[2] = {dim_const(CKK), dim_const(N * OH * OW)};
-		lt_t *col2 = lt_reshape(c, col, 2, c2);
-		lt_t *wa = w;
-		if (wa->dtype != acc)
-			wa = lt_fn(c, acc, 4, w->sizes,
-				   sx_cast(c, lt_body(c, w), acc));
-		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
-		lt_t *wv = wa ? lt_reshape(c, wa, 2, w2) : NULL;
-		if (wv == NULL || col2 == NULL)
-			return -ENOMEM;
-		lt_t *o2;
-		rc = lgemm(n, wv, col2, acc, &o2);
-		if (rc != 0)
-			return rc;
+		lt_t *o2 = NULL;
+		bool done = false;
+		if (conv_template(c, n, acc)) {
+			const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+			rc = conv_implicit(n, x, w, &cv, acc, dims, &done, &o2);
+			if (rc != 0)
+				return rc;
+		}
+		if (!done) {
+			kiln_dim_t cs[6] = {dim_const(C),  dim_const(KH),
+					    dim_const(KW), dim_const(N),
+					    dim_const(OH), dim_const(OW)};
+			lt_t *col;
+			rc = im2col(n, x, &cv, acc, cs, IV(3), IV(0), 1, 2,
+				    &col);
+			if (rc != 0)
+				return rc;
+			kiln_dim_t c2[2] = {dim_const(CKK),
+					    dim_const(N * OH * OW)};
+			lt_t *col2 = lt_reshape(c, col, 2, c2);
+			lt_t *wa = w;
+			if (wa->dtype != acc)
+				wa = lt_fn(c, acc, 4, w->sizes,
+					   sx_cast(c, lt_body(c, w), acc));
+			kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+			lt_t *wv = wa ? lt_reshape(c, wa, 2, w2) : NULL;
+			if (wv == NULL || col2 == NULL)
+				return -ENOMEM;
+			rc = lgemm(n, wv, col2, acc, &o2);
+			if (rc != 0)
+				return rc;
+		}
 		kiln_dim_t o4[4] = {dim_const(O), dim_const(N), dim_const(OH),
 				    dim_const(OW)};
 		static const uint32_t perm[4] = {1, 0, 2, 3};

@@ -483,6 +483,10 @@ static void fuse_epilogues(cctx_t *c)
 		const cnode_t *n = &c->nodes[gk->members[0].node];
 		cbuf_t *pb = &c->bufs[n->buf];
 		bool conv = n->conv != NULL;
+		/* implicit GEMM writes [O, N·OH·OW], which the kernel after
+		 * it reads through a permutation: no tile of its rows */
+		if (conv && n->conv->implicit)
+			continue;
 		if ((!conv && cg_gemm_col_block(c, n) > 0) || pb->is_output ||
 		    pb->custom_strides || pb->last_use != (int32_t)(ki + 1) ||
 		    (pb->dtype != KILN_DT_F32 && pb->dtype != KILN_DT_F64))
@@ -722,6 +726,28 @@ char *sched_report(cctx_t *c)
 			const convspec_t *cs = n->conv;
 			bool f64 = c->bufs[n->buf].dtype == KILN_DT_F64;
 			int64_t ckk = cs->C * cs->KH * cs->KW;
+			if (cs->implicit) {
+				sb_printf(&s,
+					  "%s: convolution as implicit GEMM, "
+					  "blocked GEMM template (%dx%d "
+					  "register tiles, B's blocks packed "
+					  "from the input, no im2col buffer) ",
+					  k->name, CG_TG_MR, CG_TG_NR);
+				sb_dims(c, &s, n->frank, n->fsizes, 0);
+				sb_printf(
+				    &s, " K=%lld, buf%u%s  <- node %d %s\n",
+				    (long long)ckk, n->buf,
+				    c->bufs[n->buf].is_output ? " (output)"
+							      : "",
+				    n->node, c->g->nodes[n->node].op);
+				if (!report_tune(c, &s, n->node))
+					sb_printf(&s,
+						  "    by the heuristic: a "
+						  "batch of images of under "
+						  "128 output positions, f32 "
+						  "with AVX-512\n");
+				continue;
+			}
 			if (cs->tmpl)
 				sb_printf(&s,
 					  "%s: convolution as im2col tiles + "

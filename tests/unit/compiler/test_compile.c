@@ -894,6 +894,35 @@ Test(conv, gemm_template_matches_the_interpreter)
 	kiln_compiler_free(kc);
 }
 
+/* Implicit GEMM (ops_conv.c conv_implicit, codegen.c
+ * gen_conv_implicit_body: a batch of images of under 128 output positions,
+ * f32 with AVX-512) against the interpreter: C·K·K of 576 (a second block
+ * of K, 64 rows), 784 columns in four units and a last panel of 16, O =
+ * 40 (a row block that repeats rows); stride 2, dilation 2 along W and
+ * uneven padding (lanes in the padding on every side); an input with
+ * stride H along W; the kernel after it (not an epilogue: it reads the
+ * product permuted). f64 takes the im2col buffer and dgemm. Without
+ * AVX-512 every case is im2col and BLAS, which must agree too. */
+Test(conv, implicit_gemm_matches_the_interpreter)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const convcase_t cases[] = {
+	    {"f32", 16, 64, 7, 7, 40, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
+	    {"f32", 5, 20, 13, 11, 13, 3, {2, 2}, {1, 2}, {1, 2}, false, false},
+	    {"f32", 4, 16, 9, 9, 10, 3, {1, 1}, {1, 1}, {1, 1}, true, false},
+	    {"f32", 6, 16, 8, 8, 12, 3, {1, 1}, {1, 1}, {1, 1}, false, true},
+	};
+	const char *want[] = {__builtin_cpu_supports("avx512f")
+				  ? "convolution as implicit GEMM"
+				  : "matmul via BLAS sgemm"};
+	check_conv_cases(kc, cases, sizeof(cases) / sizeof(cases[0]), want, 1);
+	static const convcase_t f64case = {
+	    "f64", 5, 20, 13, 11, 13, 3, {2, 2}, {1, 2}, {1, 2}, false, false};
+	const char *want64[] = {"matmul via BLAS dgemm"};
+	check_conv_cases(kc, &f64case, 1, want64, 1);
+	kiln_compiler_free(kc);
+}
+
 /* The pointwise kernel after a tiled convolution (a per-channel scale,
  * a residual add and relu: what eval batchnorm, a ResNet block's
  * shortcut and its activation lower to) becomes its epilogue, run on

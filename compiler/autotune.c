@@ -393,21 +393,28 @@ static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
 /* A convolution: 0 the tiled template with the GEMM template as its
  * product (ops_conv.c; where the target has none, the same kernels as 2),
  * 1 the whole-image (or batched) im2col and a product (BLAS, or the GEMM
- * template by codegen.c's rule for products; a batch of small images in
- * f32 on AVX-512: implicit GEMM, ops_conv.c), 2 the tiled template with
- * BLAS. A convolution whose result feeds exactly one node is timed as 0
- * and 2 only: that node may become the tiled form's epilogue, which the
- * whole-image form rules out and a one-node timing cannot see. A product: 0
- * BLAS on row blocks, 1 BLAS on row and column blocks, 2 the GEMM template
- * (codegen.c cg_gemm_tmpl: B in place, or packed a panel at a time where
- * it is transposed or does not fit in L2; where the template does not
- * apply, the same kernels as 0 or 1). */
-static const char *variant_name(const char *op, int v)
+ * template by codegen.c's rule for products; in f32 on AVX-512 implicit
+ * GEMM where it has the units, ops_conv.c conv_implicit), 2 the tiled
+ * template with BLAS (where a tiled form does not apply, 0 and 2 build
+ * what 1 does, 2 without the GEMM template: the im2col buffer and BLAS). A
+ * convolution whose result feeds exactly one node is timed as 0 and 2 only:
+ * that node may become the tiled form's epilogue, which the whole-image form
+ * rules out and a one-node timing cannot see. A product: 0 BLAS on row blocks,
+ * 1 BLAS on row and column blocks, 2 the GEMM template (codegen.c cg_gemm_tmpl:
+ * B in place, or packed a panel at a time where it is transposed or does not
+ * fit in L2; where the template does not apply, the same kernels as 0 or 1). */
+static const char *variant_name(const char *op, int v, const char *text)
 {
+	/* a convolution's variant is named by the form its kernels took
+	 * (where a form does not apply another is built: implicit GEMM
+	 * where the tiled template's scratch would be too large) */
 	if (strcmp(op, "aten.convolution.default") == 0)
-		return v == 0	? "tiled im2col + GEMM template"
-		       : v == 1 ? "whole-image im2col + product"
-				: "tiled im2col + BLAS";
+		return strstr(text, "as implicit GEMM") ? "implicit GEMM"
+		       : strstr(text, "im2col tiles + GEMM template")
+			   ? "tiled im2col + GEMM template"
+		       : strstr(text, "im2col tiles + BLAS")
+			   ? "tiled im2col + BLAS"
+			   : "whole-image im2col + product";
 	return v == 0	? "BLAS in row blocks"
 	       : v == 1 ? "BLAS in row and column blocks"
 			: "GEMM template";
@@ -471,8 +478,12 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 				vs[nd++] = t1;
 			}
 		}
-		for (int d = 0; d < nd; d++)
+		const char *names[MAX_VARIANTS];
+		for (int d = 0; d < nd; d++) {
+			names[d] =
+			    variant_name(g->nodes[ni].op, vs[d], text[d]);
 			free(text[d]);
+		}
 		int8_t best = -1;
 		char w[KILN_TUNE_WHY] = "";
 		if (nd > 1) {
@@ -500,9 +511,7 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 						    w + len,
 						    sizeof(w) - (size_t)len,
 						    "%s %s %.3f ms",
-						    d ? "," : "",
-						    variant_name(
-							g->nodes[ni].op, vs[d]),
+						    d ? "," : "", names[d],
 						    ms[d]);
 				}
 				if (bi >= 0)

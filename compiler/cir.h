@@ -374,6 +374,9 @@ int sched_graph(cctx_t *c);
  * columns (f32, 16-lane vectors) */
 #define CG_TG_MR 8
 #define CG_TG_NR 32
+/* codegen.c: implicit GEMM's units (convspec implicit) for a product of
+ * `cols` columns (N·OH·OW): blocks of at most 256 columns */
+int64_t cg_conv_implicit_units(int64_t cols);
 /* codegen.c: the column block of a product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 /* codegen.c: whether a product node is multiplied by the GEMM template

@@ -286,13 +286,25 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	return lgemm_node(n, wb, xb, cs, acc, 4, sz, out);
 }
 
-/* Implicit GEMM for a batch of small images (groups == 1, f32 with the
- * GEMM template): one product node W[O, CKK] @ col[CKK, N·OH·OW] whose
- * B blocks the blocked template packs straight from x (codegen.c
- * gen_conv_implicit_body), into out[O, N·OH·OW]; *done false (nothing
- * built) where x's offsets do not fit the packing's 32-bit gather
- * indices. The im2col buffer it replaces was 14 MB for ResNet-18's
- * 512->512 at 7² at batch 16, its kernel 1.8 ms of 14.5. */
+/* Implicit GEMM takes a convolution that would otherwise build a
+ * whole-image or batched im2col when its N·OH·OW columns make at least
+ * this many units (codegen.c cg_conv_implicit_units: 769 columns and
+ * more). With fewer the units leave threads idle: ResNet-18's deep
+ * layers at batch 1 (196 and 49 columns, one unit) measured 0.43-0.63x
+ * eager against 0.74-1.17x with im2col + BLAS, while its 784-column ones
+ * gained (batch 1: 128->128 at 28² 0.70 -> 0.86x eager, 64->128 stride 2
+ * at 56² 0.88 -> 1.10x; batch 16 at 7²: 512->512 0.68 -> 0.74x). Measured
+ * on 2 threads. */
+#define CONV_IMPLICIT_MIN_UNITS 4
+
+/* Implicit GEMM (groups == 1, f32 with the GEMM template): one product
+ * node W[O, CKK] @ col[CKK, N·OH·OW] whose B blocks the blocked template
+ * packs straight from x (codegen.c gen_conv_implicit_body), into out[O,
+ * N·OH·OW]; *done false (nothing built) with too few units
+ * (CONV_IMPLICIT_MIN_UNITS), or where x's offsets do not fit the
+ * packing's 32-bit gather indices. The im2col buffer it replaces was 14
+ * MB for ResNet-18's 512->512 at 7² at batch 16, its kernel 1.8 ms of
+ * 14.5. */
 static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 			 kiln_dtype_t acc, const int64_t *dims, bool *done,
 			 lt_t **out)
@@ -301,6 +313,10 @@ static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	int64_t N = dims[0], C = dims[1], O = dims[4], KH = dims[5],
 		KW = dims[6], OH = dims[7], OW = dims[8];
 	*done = false;
+	if (!conv_template(c, n, acc) ||
+	    cg_conv_implicit_units(N * OH * OW) < CONV_IMPLICIT_MIN_UNITS ||
+	    N * C * dims[2] * dims[3] >= INT32_MAX)
+		return 0;
 	lt_t *xb, *wb;
 	int rc = acc_buf(n, x, acc, false, &xb);
 	if (rc != 0)
@@ -359,6 +375,18 @@ static int gemm_nchw(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t acc, int64_t N,
 			    dim_const(OW)};
 	*y = lt_reshape(n->c, o3, 4, o4);
 	return *y ? 0 : -ENOMEM;
+}
+
+/* out[O, N·OH·OW] (a product over a batch's columns) as y[N, O, OH, OW]:
+ * a view (OH·OW stays the contiguous inner run), NULL when out of memory */
+static lt_t *cols_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t O, int64_t OH,
+		       int64_t OW)
+{
+	kiln_dim_t o4[4] = {dim_const(O), dim_const(N), dim_const(OH),
+			    dim_const(OW)};
+	static const uint32_t perm[4] = {1, 0, 2, 3};
+	lt_t *y4 = lt_reshape(c, o2, 4, o4);
+	return y4 ? lt_permute(c, y4, perm) : NULL;
 }
 
 int low_convolution(cctx_t *c, lnode_t *n)
@@ -439,12 +467,10 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		 * (OH·OW stays the contiguous inner run) */
 		lt_t *o2 = NULL;
 		bool done = false;
-		if (conv_template(c, n, acc)) {
-			const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
-			rc = conv_implicit(n, x, w, &cv, acc, dims, &done, &o2);
-			if (rc != 0)
-				return rc;
-		}
+		const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+		rc = conv_implicit(n, x, w, &cv, acc, dims, &done, &o2);
+		if (rc != 0)
+			return rc;
 		if (!done) {
 			kiln_dim_t cs[6] = {dim_const(C),  dim_const(KH),
 					    dim_const(KW), dim_const(N),
@@ -469,11 +495,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 			if (rc != 0)
 				return rc;
 		}
-		kiln_dim_t o4[4] = {dim_const(O), dim_const(N), dim_const(OH),
-				    dim_const(OW)};
-		static const uint32_t perm[4] = {1, 0, 2, 3};
-		lt_t *y4 = lt_reshape(c, o2, 4, o4);
-		y = y4 ? lt_permute(c, y4, perm) : NULL;
+		y = cols_nchw(c, o2, N, O, OH, OW);
 		if (y == NULL)
 			return -ENOMEM;
 	} else if (G == 1 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
@@ -506,62 +528,84 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		if (rc != 0)
 			return rc;
 	} else {
-		/* im2col: [N·G, Cg, KH, KW, OH, OW], realized contiguous */
-		kiln_dim_t cs[6] = {dim_const(N * G), dim_const(Cg),
-				    dim_const(KH),    dim_const(KW),
-				    dim_const(OH),    dim_const(OW)};
-		const kiln_expr_t *nn = ix_floordiv(c, IV(0), IC(G));
-		const kiln_expr_t *ch = ix_add(
-		    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Cg)), IV(1));
-		lt_t *col;
-		rc = im2col(n, x, &cv, acc, cs, nn, ch, 2, 3, &col);
-		if (rc != 0)
-			return rc;
-		kiln_dim_t c3[3] = {dim_const(N * G), dim_const(CKK),
-				    dim_const(OH * OW)};
-		lt_t *col3 = lt_reshape(c, col, 3, c3);
-		/* weights as [N·G, Og, CKK]: a stride-0 view when G == 1,
-		 * else one copy per image */
-		lt_t *wa = w;
-		if (wa->dtype != acc)
-			wa = lt_fn(c, acc, 4, w->sizes,
-				   sx_cast(c, lt_body(c, w), acc));
-		if (wa == NULL)
-			return -ENOMEM;
-		lt_t *w3;
+		/* implicit GEMM where it has the units (conv_implicit),
+		 * else the whole-image im2col and a batched product */
+		bool done = false;
 		if (G == 1) {
-			kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
-			lt_t *wv = lt_reshape(c, wa, 2, w2);
-			kiln_dim_t e3[3] = {dim_const(N), dim_const(O),
-					    dim_const(CKK)};
-			w3 = wv ? lt_expand(c, wv, 3, e3) : NULL;
-			if (w3 != NULL && !w3->is_buf) {
+			const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+			lt_t *o2 = NULL;
+			rc = conv_implicit(n, x, w, &cv, acc, dims, &done, &o2);
+			if (rc != 0)
+				return rc;
+			if (done &&
+			    (y = cols_nchw(c, o2, N, O, OH, OW)) == NULL)
+				return -ENOMEM;
+		}
+		if (!done) {
+			/* im2col: [N·G, Cg, KH, KW, OH, OW], realized
+			 * contiguous */
+			kiln_dim_t cs[6] = {dim_const(N * G), dim_const(Cg),
+					    dim_const(KH),    dim_const(KW),
+					    dim_const(OH),    dim_const(OW)};
+			const kiln_expr_t *nn = ix_floordiv(c, IV(0), IC(G));
+			const kiln_expr_t *ch = ix_add(
+			    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Cg)),
+			    IV(1));
+			lt_t *col;
+			rc = im2col(n, x, &cv, acc, cs, nn, ch, 2, 3, &col);
+			if (rc != 0)
+				return rc;
+			kiln_dim_t c3[3] = {dim_const(N * G), dim_const(CKK),
+					    dim_const(OH * OW)};
+			lt_t *col3 = lt_reshape(c, col, 3, c3);
+			/* weights as [N·G, Og, CKK]: a stride-0 view when G ==
+			 * 1, else one copy per image */
+			lt_t *wa = w;
+			if (wa->dtype != acc)
+				wa = lt_fn(c, acc, 4, w->sizes,
+					   sx_cast(c, lt_body(c, w), acc));
+			if (wa == NULL)
+				return -ENOMEM;
+			lt_t *w3;
+			if (G == 1) {
+				kiln_dim_t w2[2] = {dim_const(O),
+						    dim_const(CKK)};
+				lt_t *wv = lt_reshape(c, wa, 2, w2);
+				kiln_dim_t e3[3] = {dim_const(N), dim_const(O),
+						    dim_const(CKK)};
+				w3 = wv ? lt_expand(c, wv, 3, e3) : NULL;
+				if (w3 != NULL && !w3->is_buf) {
+					rc = lt_realize(c, w3,
+							(int32_t)n->index, &w3);
+					if (rc != 0)
+						return rc;
+				}
+			} else {
+				kiln_dim_t e3[3] = {dim_const(N * G),
+						    dim_const(Og),
+						    dim_const(CKK)};
+				const kiln_expr_t *o = ix_add(
+				    c,
+				    ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Og)),
+				    IV(1));
+				const kiln_expr_t *wi[4] = {
+				    o, ix_floordiv(c, IV(2), IC(KH * KW)),
+				    ix_mod(c, ix_floordiv(c, IV(2), IC(KW)),
+					   IC(KH)),
+				    ix_mod(c, IV(2), IC(KW))};
+				w3 = lt_fn(c, acc, 3, e3, lt_at(c, wa, wi));
+				if (w3 == NULL)
+					return -ENOMEM;
 				rc = lt_realize(c, w3, (int32_t)n->index, &w3);
 				if (rc != 0)
 					return rc;
 			}
-		} else {
-			kiln_dim_t e3[3] = {dim_const(N * G), dim_const(Og),
-					    dim_const(CKK)};
-			const kiln_expr_t *o = ix_add(
-			    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Og)),
-			    IV(1));
-			const kiln_expr_t *wi[4] = {
-			    o, ix_floordiv(c, IV(2), IC(KH * KW)),
-			    ix_mod(c, ix_floordiv(c, IV(2), IC(KW)), IC(KH)),
-			    ix_mod(c, IV(2), IC(KW))};
-			w3 = lt_fn(c, acc, 3, e3, lt_at(c, wa, wi));
-			if (w3 == NULL)
+			if (w3 == NULL || col3 == NULL)
 				return -ENOMEM;
-			rc = lt_realize(c, w3, (int32_t)n->index, &w3);
+			rc = gemm_nchw(n, w3, col3, acc, N, O, OH, OW, &y);
 			if (rc != 0)
 				return rc;
 		}
-		if (w3 == NULL || col3 == NULL)
-			return -ENOMEM;
-		rc = gemm_nchw(n, w3, col3, acc, N, O, OH, OW, &y);
-		if (rc != 0)
-			return rc;
 	}
 	if (b != NULL) {
 		const kiln_expr_t *bi[1] = {IV(1)};

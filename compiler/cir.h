@@ -169,7 +169,7 @@ typedef struct convspec {
 	int64_t s[2], p[2], d[2];
 	int64_t rows; /* output rows per tile of columns */
 	bool tmpl;    /* the product by codegen's GEMM template, not BLAS */
-	/* implicit GEMM over a batch of small images: buf[o, (n, oh, ow)] =
+	/* implicit GEMM (ops_conv.c conv_implicit): buf[o, (n, oh, ow)] =
 	 * sum_ckk ga[o, ckk] * im2col(gb)[ckk, (n, oh, ow)], the blocked
 	 * GEMM template packing B's blocks straight from the input (no
 	 * im2col buffer); rows unused */

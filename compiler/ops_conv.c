@@ -15,8 +15,10 @@
  * outside) is materialized, then out[n·g] = W[g] @ col[n·g] through BLAS (for
  *     a batch of small images, groups == 1: col[(c,kh,kw), (n,oh,ow)] and
  *     one product W @ col, read as [N, O, OH, OW] through a view; in f32
- *     with the GEMM template that product is implicit GEMM, conv_implicit,
- *     whose packing reads x itself and no col is built); the
+ *     with the GEMM template, when N·OH·OW makes 4 units of columns, that
+ *     product is implicit GEMM, conv_implicit, whose packing reads x itself
+ *     and no col is built, as it also is in place of the whole-image
+ *     im2col below); the
  *     bias, and the eval batch_norm / relu / residual add that follow in the
  *     graph, fuse into one pointwise kernel after it.
  *   direct (depthwise and other convolutions with Cg·KH·KW <= 32): a
@@ -291,10 +293,11 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
  * this many units (codegen.c cg_conv_implicit_units: 769 columns and
  * more). With fewer the units leave threads idle: ResNet-18's deep
  * layers at batch 1 (196 and 49 columns, one unit) measured 0.43-0.63x
- * eager against 0.74-1.17x with im2col + BLAS, while its 784-column ones
- * gained (batch 1: 128->128 at 28² 0.70 -> 0.86x eager, 64->128 stride 2
- * at 56² 0.88 -> 1.10x; batch 16 at 7²: 512->512 0.68 -> 0.74x). Measured
- * on 2 threads. */
+ * eager against 0.74-1.32x with im2col + BLAS, while its 784-column ones
+ * gained (batch 1: 128->128 at 28² 0.70 -> 0.80-0.86x eager, 64->128
+ * stride 2 at 56² 0.88 -> 1.04-1.16x; batch 16 at 7²: 512->512 0.64-0.71
+ * -> 0.74-0.79x). Measured on 2 threads: on many more the 4 units of a
+ * 784-column product leave threads idle that im2col + BLAS would use. */
 #define CONV_IMPLICIT_MIN_UNITS 4
 
 /* Implicit GEMM (groups == 1, f32 with the GEMM template): one product
@@ -315,7 +318,7 @@ static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	*done = false;
 	if (!conv_template(c, n, acc) ||
 	    cg_conv_implicit_units(N * OH * OW) < CONV_IMPLICIT_MIN_UNITS ||
-	    N * C * dims[2] * dims[3] >= INT32_MAX)
+	    N * C * dims[2] * dims[3] >= INT32_MAX || N * OH * OW >= INT32_MAX)
 		return 0;
 	lt_t *xb, *wb;
 	int rc = acc_buf(n, x, acc, false, &xb);

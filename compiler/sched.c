@@ -740,12 +740,18 @@ char *sched_report(cctx_t *c)
 				    c->bufs[n->buf].is_output ? " (output)"
 							      : "",
 				    n->node, c->g->nodes[n->node].op);
+				int64_t cols = cs->N * cs->OH * cs->OW;
 				if (!report_tune(c, &s, n->node))
-					sb_printf(&s,
-						  "    by the heuristic: a "
-						  "batch of images of under "
-						  "128 output positions, f32 "
-						  "with AVX-512\n");
+					sb_printf(
+					    &s,
+					    "    by the heuristic: in place "
+					    "of a whole-image or batched "
+					    "im2col, f32 with AVX-512, %lld "
+					    "output positions in %lld units "
+					    "of columns (at least 4)\n",
+					    (long long)cols,
+					    (long long)cg_conv_implicit_units(
+						cols));
 				continue;
 			}
 			if (cs->tmpl)

@@ -898,13 +898,14 @@ Test(conv, gemm_template_matches_the_interpreter)
  * gen_conv_implicit_body: f32 with AVX-512, where a batched or
  * whole-image im2col would be built and N·OH·OW makes 4 units of columns
  * or more) against the interpreter: C·K·K of 576 (a second block of K,
- * 64 rows), 784 columns in four units and a last panel of 16, O = 40 (a
- * row block that repeats rows); stride 2, dilation 2 along W and uneven
- * padding (lanes in the padding on every side); an input with stride H
- * along W; the kernel after it (not an epilogue: it reads the product
- * permuted); one image of 30x30 (the whole-image form's place). Under 4
- * units (5 images of 6x6) and in f64 the im2col buffer and BLAS remain.
- * Without AVX-512 every case is im2col and BLAS, which must agree too. */
+ * 64 rows), 784 columns in four units and a last panel of 16, O = 40;
+ * O = 9, 10 and 12 (micro-panels that repeat their last row); stride 2,
+ * dilation 2 along W and uneven padding (lanes in the padding on every side);
+ * an input with stride H along W; the kernel after it (not an epilogue: it
+ * reads the product permuted); one image of 30x30 (the whole-image form's
+ * place). Under 4 units (5 images of 6x6) and in f64 the im2col buffer and BLAS
+ * remain. Without AVX-512 every case is im2col and BLAS, which must agree too.
+ */
 Test(conv, implicit_gemm_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();

@@ -377,6 +377,16 @@ int sched_graph(cctx_t *c);
 /* codegen.c: implicit GEMM's units (convspec implicit) for a product of
  * `cols` columns (N·OH·OW): blocks of at most 256 columns */
 int64_t cg_conv_implicit_units(int64_t cols);
+/* ops_conv.c takes implicit GEMM with at least this many units (769
+ * columns and more). With fewer the units leave threads idle: ResNet-18's
+ * deep layers at batch 1 (196 and 49 columns, one unit) measured
+ * 0.43-0.63x eager against 0.74-1.32x with im2col + BLAS, while its
+ * 784-column ones gained (batch 1: 128->128 at 28² 0.70 -> 0.80-0.86x
+ * eager, 64->128 stride 2 at 56² 0.88 -> 1.04-1.16x; batch 16 at 7²:
+ * 512->512 0.64-0.71 -> 0.74-0.79x). Measured on 2 threads: on many more
+ * the 4 units of a 784-column product leave threads idle that im2col +
+ * BLAS would use. */
+#define CG_CONV_IMPLICIT_MIN_UNITS 4
 /* codegen.c: the column block of a product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 /* codegen.c: whether a product node is multiplied by the GEMM template

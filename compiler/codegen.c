@@ -1962,8 +1962,7 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 			w = "template blocked, A and B packed: mm/bmm/addmm/"
 			    "baddbmm, at least 2^21 multiply-adds and 32 "
 			    "columns, B transposed or 512 rows and more, A "
-			    "over "
-			    "2 MiB (at most 8 MiB) or K over 4096";
+			    "over 2 MiB (at most 8 MiB) or K over 4096";
 	} else if (form == 2 && f < 0) {
 		w = "template packing B a panel at a time: mm/bmm/addmm/"
 		    "baddbmm, at least 2^21 multiply-adds and 32 columns, B "
@@ -2488,6 +2487,25 @@ static LLVMValueRef block_begin(gen_t *g, loop_t *L, LLVMValueRef n,
 	return imin(g, st, LLVMBuildSub(g->b, n, L->i, ""));
 }
 
+/* Block i of nb over the np panels of nr columns of an N-column
+ * product, the panels [i·np / nb, (i + 1)·np / nb) (widths within a
+ * panel of each other): its first column *j0 and its *nc columns (the
+ * last block cut at N). */
+static void panel_block(gen_t *g, LLVMValueRef i, LLVMValueRef np,
+			LLVMValueRef nb, LLVMValueRef N, int64_t nr,
+			LLVMValueRef *j0, LLVMValueRef *nc)
+{
+	LLVMValueRef p0 =
+	    LLVMBuildUDiv(g->b, LLVMBuildMul(g->b, i, np, ""), nb, "");
+	LLVMValueRef p1 = LLVMBuildUDiv(
+	    g->b,
+	    LLVMBuildMul(g->b, LLVMBuildAdd(g->b, i, K64(g, 1), ""), np, ""),
+	    nb, "");
+	*j0 = LLVMBuildMul(g->b, p0, K64(g, nr), "");
+	*nc = LLVMBuildSub(
+	    g->b, imin(g, LLVMBuildMul(g->b, p1, K64(g, nr), ""), N), *j0, "");
+}
+
 /* A convolution's B for implicit GEMM (gen_conv_implicit_body): element
  * (k, j) of im2col(x)[C·KH·KW, N·OH·OW], k = (ch, kh, kw) and j = (n, oh,
  * ow), is x[n, ch, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw], 0 in the
@@ -2622,14 +2640,8 @@ static void tgemm_blocked(gen_t *g, LLVMValueRef M, LLVMValueRef N, int64_t K,
 	int64_t bpn = TG_NC / nr; /* panels per block at most */
 	LLVMValueRef ncb = udiv_up(g, np, bpn);
 	loop_begin(g, &JC, zero, ncb, 1);
-	LLVMValueRef p0 =
-	    LLVMBuildUDiv(g->b, LLVMBuildMul(g->b, JC.i, np, ""), ncb, "");
-	LLVMValueRef p1 = LLVMBuildUDiv(
-	    g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, JC.i, one, ""), np, ""),
-	    ncb, "");
-	LLVMValueRef j0 = LLVMBuildMul(g->b, p0, nrv, "");
-	LLVMValueRef nc = LLVMBuildSub(
-	    g->b, imin(g, LLVMBuildMul(g->b, p1, nrv, ""), N), j0, "");
+	LLVMValueRef j0, nc;
+	panel_block(g, JC.i, np, ncb, N, nr, &j0, &nc);
 	LLVMValueRef kc =
 	    block_begin(g, &PC, LLVMConstInt(g->i64, (uint64_t)K, 0), TG_KC);
 	LLVMValueRef accum = LLVMBuildICmp(g->b, LLVMIntSGT, PC.i, zero, "");
@@ -3203,18 +3215,9 @@ static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
 	LLVMValueRef op = buf_ptr(g, n->buf);
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
-	LLVMValueRef p0 = LLVMBuildUDiv(
-	    g->b, LLVMBuildMul(g->b, U.i, K64(g, np), ""), K64(g, nub), "");
-	LLVMValueRef p1 = LLVMBuildUDiv(
-	    g->b,
-	    LLVMBuildMul(g->b, LLVMBuildAdd(g->b, U.i, K64(g, 1), ""),
-			 K64(g, np), ""),
-	    K64(g, nub), "");
-	LLVMValueRef j0 = LLVMBuildMul(g->b, p0, K64(g, CG_TG_NR), "");
-	LLVMValueRef nc = LLVMBuildSub(
-	    g->b,
-	    imin(g, LLVMBuildMul(g->b, p1, K64(g, CG_TG_NR), ""), K64(g, NP)),
-	    j0, "");
+	LLVMValueRef j0, nc;
+	panel_block(g, U.i, K64(g, np), K64(g, nub), K64(g, NP), CG_TG_NR, &j0,
+		    &nc);
 	cb.col0 = j0;
 	tgemm_blocked(g, K64(g, cs->O), nc, CKK, wp, lda, sak, NULL, NULL, NULL,
 		      false, LLVMBuildGEP2(g->b, et, op, &j0, 1, ""),

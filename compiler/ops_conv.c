@@ -288,51 +288,60 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	return lgemm_node(n, wb, xb, cs, acc, 4, sz, out);
 }
 
-/* Implicit GEMM takes a convolution that would otherwise build a
- * whole-image or batched im2col when its N·OH·OW columns make at least
- * this many units (codegen.c cg_conv_implicit_units: 769 columns and
- * more). With fewer the units leave threads idle: ResNet-18's deep
- * layers at batch 1 (196 and 49 columns, one unit) measured 0.43-0.63x
- * eager against 0.74-1.32x with im2col + BLAS, while its 784-column ones
- * gained (batch 1: 128->128 at 28² 0.70 -> 0.80-0.86x eager, 64->128
- * stride 2 at 56² 0.88 -> 1.04-1.16x; batch 16 at 7²: 512->512 0.64-0.71
- * -> 0.74-0.79x). Measured on 2 threads: on many more the 4 units of a
- * 784-column product leave threads idle that im2col + BLAS would use. */
-#define CONV_IMPLICIT_MIN_UNITS 4
+/* out[O, N·OH·OW] (a product over a batch's columns) as y[N, O, OH, OW]:
+ * a view (OH·OW stays the contiguous inner run), NULL when out of memory */
+static lt_t *cols_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t O, int64_t OH,
+		       int64_t OW)
+{
+	kiln_dim_t o4[4] = {dim_const(O), dim_const(N), dim_const(OH),
+			    dim_const(OW)};
+	static const uint32_t perm[4] = {1, 0, 2, 3};
+	lt_t *y4 = lt_reshape(c, o2, 4, o4);
+	return y4 ? lt_permute(c, y4, perm) : NULL;
+}
 
-/* Implicit GEMM (groups == 1, f32 with the GEMM template): one product
- * node W[O, CKK] @ col[CKK, N·OH·OW] whose B blocks the blocked template
- * packs straight from x (codegen.c gen_conv_implicit_body), into out[O,
- * N·OH·OW]; *done false (nothing built) with too few units
- * (CONV_IMPLICIT_MIN_UNITS), or where x's offsets do not fit the
- * packing's 32-bit gather indices. The im2col buffer it replaces was 14
- * MB for ResNet-18's 512->512 at 7² at batch 16, its kernel 1.8 ms of
- * 14.5. */
+/* Whether implicit GEMM takes a groups == 1 convolution that would
+ * otherwise build a whole-image or batched im2col: f32 with the GEMM
+ * template, N·OH·OW making at least CG_CONV_IMPLICIT_MIN_UNITS units of
+ * columns (cir.h has the figures), and x's offsets within the packing's
+ * 32-bit gather indices (x as conv_implicit reads it: itself when it is a
+ * buffer of dtype acc, else a contiguous copy). */
+static bool conv_implicit_ok(cctx_t *c, const lnode_t *n, const lt_t *x,
+			     kiln_dtype_t acc, const int64_t *dims)
+{
+	int64_t N = dims[0], OH = dims[7], OW = dims[8];
+	if (!conv_template(c, n, acc) ||
+	    cg_conv_implicit_units(N * OH * OW) < CG_CONV_IMPLICIT_MIN_UNITS ||
+	    N * dims[1] * dims[2] * dims[3] >= INT32_MAX ||
+	    N * OH * OW >= INT32_MAX)
+		return false;
+	if (!x->is_buf || x->dtype != acc)
+		return true;
+	int64_t last = 0;
+	for (int k = 0; k < 4; k++) {
+		if (x->strides[k].e != NULL)
+			return false;
+		last += (x->sizes[k].c - 1) * x->strides[k].c;
+	}
+	return x->offset.e == NULL && x->offset.c + last < INT32_MAX;
+}
+
+/* Implicit GEMM (where conv_implicit_ok): one product node W[O, CKK] @
+ * col[CKK, N·OH·OW] whose B blocks the blocked template packs straight
+ * from x (codegen.c gen_conv_implicit_body), into out[O, N·OH·OW], and *y
+ * that read as [N, O, OH, OW] (cols_nchw). The
+ * im2col buffer it replaces was 14 MB for ResNet-18's 512->512 at 7² at
+ * batch 16, its kernel 1.8 ms of 14.5. */
 static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
-			 kiln_dtype_t acc, const int64_t *dims, bool *done,
-			 lt_t **out)
+			 kiln_dtype_t acc, const int64_t *dims, lt_t **y)
 {
 	cctx_t *c = n->c;
 	int64_t N = dims[0], C = dims[1], O = dims[4], KH = dims[5],
 		KW = dims[6], OH = dims[7], OW = dims[8];
-	*done = false;
-	if (!conv_template(c, n, acc) ||
-	    cg_conv_implicit_units(N * OH * OW) < CONV_IMPLICIT_MIN_UNITS ||
-	    N * C * dims[2] * dims[3] >= INT32_MAX || N * OH * OW >= INT32_MAX)
-		return 0;
 	lt_t *xb, *wb;
 	int rc = acc_buf(n, x, acc, false, &xb);
-	if (rc != 0)
-		return rc;
-	int64_t last = 0;
-	for (int k = 0; k < 4; k++) {
-		if (xb->strides[k].e != NULL)
-			return 0;
-		last += (xb->sizes[k].c - 1) * xb->strides[k].c;
-	}
-	if (xb->offset.e != NULL || xb->offset.c + last >= INT32_MAX)
-		return 0;
-	rc = weight_2d(n, w, O, C * KH * KW, acc, &wb);
+	if (rc == 0)
+		rc = weight_2d(n, w, O, C * KH * KW, acc, &wb);
 	if (rc != 0)
 		return rc;
 	convspec_t *cs = new_convspec(c, cv, dims);
@@ -341,8 +350,12 @@ static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	cs->tmpl = true;
 	cs->implicit = true;
 	kiln_dim_t sz[2] = {dim_const(O), dim_const(N * OH * OW)};
-	*done = true;
-	return lgemm_node(n, wb, xb, cs, acc, 2, sz, out);
+	lt_t *o2;
+	rc = lgemm_node(n, wb, xb, cs, acc, 2, sz, &o2);
+	if (rc != 0)
+		return rc;
+	*y = cols_nchw(c, o2, N, O, OH, OW);
+	return *y ? 0 : -ENOMEM;
 }
 
 /* Whether a groups == 1 convolution takes the tiled template: the
@@ -378,18 +391,6 @@ static int gemm_nchw(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t acc, int64_t N,
 			    dim_const(OW)};
 	*y = lt_reshape(n->c, o3, 4, o4);
 	return *y ? 0 : -ENOMEM;
-}
-
-/* out[O, N·OH·OW] (a product over a batch's columns) as y[N, O, OH, OW]:
- * a view (OH·OW stays the contiguous inner run), NULL when out of memory */
-static lt_t *cols_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t O, int64_t OH,
-		       int64_t OW)
-{
-	kiln_dim_t o4[4] = {dim_const(O), dim_const(N), dim_const(OH),
-			    dim_const(OW)};
-	static const uint32_t perm[4] = {1, 0, 2, 3};
-	lt_t *y4 = lt_reshape(c, o2, 4, o4);
-	return y4 ? lt_permute(c, y4, perm) : NULL;
 }
 
 int low_convolution(cctx_t *c, lnode_t *n)
@@ -439,6 +440,14 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	kiln_dtype_t acc = compute_dtype(odt);
 	int64_t Og = O / G, CKK = Cg * KH * KW;
 	lt_t *y; /* [N, O, OH, OW] */
+	/* a batch of small images: the batch in the product's columns */
+	bool batched = G == 1 && N > 1 && OH * OW < CONV_BATCH_COLS_P &&
+		       !(c->tune != NULL && c->tune[n->index] >= 0 &&
+			 c->tune[n->index] != 1);
+	/* 1x1, stride 1, no padding: the input is its own im2col */
+	bool one = G == 1 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
+		   cv.s[1] == 1 && cv.p[0] == 0 && cv.p[1] == 0;
+	const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
 	if (CKK <= 32 || c->blas == NULL ||
 	    (acc != KILN_DT_F32 && acc != KILN_DT_F64)) {
 		/* direct: full space [N, O, Cg, KH, KW, OH, OW] */
@@ -461,48 +470,43 @@ int low_convolution(cctx_t *c, lnode_t *n)
 			  &y);
 		if (rc != 0)
 			return rc;
-	} else if (G == 1 && N > 1 && OH * OW < CONV_BATCH_COLS_P &&
-		   !(c->tune != NULL && c->tune[n->index] >= 0 &&
-		     c->tune[n->index] != 1)) {
+	} else if ((batched || (G == 1 && !one &&
+				!conv_use_tiled(c, n, CKK, OH, OW, N, acc))) &&
+		   conv_implicit_ok(c, n, x, acc, dims)) {
+		/* implicit GEMM in place of the batched or whole-image
+		 * im2col below */
+		rc = conv_implicit(n, x, w, &cv, acc, dims, &y);
+		if (rc != 0)
+			return rc;
+	} else if (batched) {
 		/* small images: the batch goes into the columns, col[(c, kh,
 		 * kw), (n, oh, ow)], and one product W[O, CKK] @ col gives
 		 * [O, N, OH, OW], read back as [N, O, OH, OW] through a view
 		 * (OH·OW stays the contiguous inner run) */
-		lt_t *o2 = NULL;
-		bool done = false;
-		const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
-		rc = conv_implicit(n, x, w, &cv, acc, dims, &done, &o2);
+		kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
+				    dim_const(N), dim_const(OH), dim_const(OW)};
+		lt_t *col;
+		rc = im2col(n, x, &cv, acc, cs, IV(3), IV(0), 1, 2, &col);
 		if (rc != 0)
 			return rc;
-		if (!done) {
-			kiln_dim_t cs[6] = {dim_const(C),  dim_const(KH),
-					    dim_const(KW), dim_const(N),
-					    dim_const(OH), dim_const(OW)};
-			lt_t *col;
-			rc = im2col(n, x, &cv, acc, cs, IV(3), IV(0), 1, 2,
-				    &col);
-			if (rc != 0)
-				return rc;
-			kiln_dim_t c2[2] = {dim_const(CKK),
-					    dim_const(N * OH * OW)};
-			lt_t *col2 = lt_reshape(c, col, 2, c2);
-			lt_t *wa = w;
-			if (wa->dtype != acc)
-				wa = lt_fn(c, acc, 4, w->sizes,
-					   sx_cast(c, lt_body(c, w), acc));
-			kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
-			lt_t *wv = wa ? lt_reshape(c, wa, 2, w2) : NULL;
-			if (wv == NULL || col2 == NULL)
-				return -ENOMEM;
-			rc = lgemm(n, wv, col2, acc, &o2);
-			if (rc != 0)
-				return rc;
-		}
+		kiln_dim_t c2[2] = {dim_const(CKK), dim_const(N * OH * OW)};
+		lt_t *col2 = lt_reshape(c, col, 2, c2);
+		lt_t *wa = w;
+		if (wa->dtype != acc)
+			wa = lt_fn(c, acc, 4, w->sizes,
+				   sx_cast(c, lt_body(c, w), acc));
+		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+		lt_t *wv = wa ? lt_reshape(c, wa, 2, w2) : NULL;
+		if (wv == NULL || col2 == NULL)
+			return -ENOMEM;
+		lt_t *o2;
+		rc = lgemm(n, wv, col2, acc, &o2);
+		if (rc != 0)
+			return rc;
 		y = cols_nchw(c, o2, N, O, OH, OW);
 		if (y == NULL)
 			return -ENOMEM;
-	} else if (G == 1 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
-		   cv.s[1] == 1 && cv.p[0] == 0 && cv.p[1] == 0) {
+	} else if (one) {
 		/* 1x1, stride 1, no padding: the input is its own im2col,
 		 * out[n] = W[O, C] @ x[n] viewed as [C, H·W] */
 		lt_t *xb;
@@ -526,89 +530,66 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		if (rc != 0)
 			return rc;
 	} else if (G == 1 && conv_use_tiled(c, n, CKK, OH, OW, N, acc)) {
-		const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
 		rc = conv_tiled(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
 	} else {
-		/* implicit GEMM where it has the units (conv_implicit),
-		 * else the whole-image im2col and a batched product */
-		bool done = false;
+		/* im2col: [N·G, Cg, KH, KW, OH, OW], realized contiguous */
+		kiln_dim_t cs[6] = {dim_const(N * G), dim_const(Cg),
+				    dim_const(KH),    dim_const(KW),
+				    dim_const(OH),    dim_const(OW)};
+		const kiln_expr_t *nn = ix_floordiv(c, IV(0), IC(G));
+		const kiln_expr_t *ch = ix_add(
+		    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Cg)), IV(1));
+		lt_t *col;
+		rc = im2col(n, x, &cv, acc, cs, nn, ch, 2, 3, &col);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t c3[3] = {dim_const(N * G), dim_const(CKK),
+				    dim_const(OH * OW)};
+		lt_t *col3 = lt_reshape(c, col, 3, c3);
+		/* weights as [N·G, Og, CKK]: a stride-0 view when G == 1,
+		 * else one copy per image */
+		lt_t *wa = w;
+		if (wa->dtype != acc)
+			wa = lt_fn(c, acc, 4, w->sizes,
+				   sx_cast(c, lt_body(c, w), acc));
+		if (wa == NULL)
+			return -ENOMEM;
+		lt_t *w3;
 		if (G == 1) {
-			const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
-			lt_t *o2 = NULL;
-			rc = conv_implicit(n, x, w, &cv, acc, dims, &done, &o2);
-			if (rc != 0)
-				return rc;
-			if (done &&
-			    (y = cols_nchw(c, o2, N, O, OH, OW)) == NULL)
-				return -ENOMEM;
-		}
-		if (!done) {
-			/* im2col: [N·G, Cg, KH, KW, OH, OW], realized
-			 * contiguous */
-			kiln_dim_t cs[6] = {dim_const(N * G), dim_const(Cg),
-					    dim_const(KH),    dim_const(KW),
-					    dim_const(OH),    dim_const(OW)};
-			const kiln_expr_t *nn = ix_floordiv(c, IV(0), IC(G));
-			const kiln_expr_t *ch = ix_add(
-			    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Cg)),
-			    IV(1));
-			lt_t *col;
-			rc = im2col(n, x, &cv, acc, cs, nn, ch, 2, 3, &col);
-			if (rc != 0)
-				return rc;
-			kiln_dim_t c3[3] = {dim_const(N * G), dim_const(CKK),
-					    dim_const(OH * OW)};
-			lt_t *col3 = lt_reshape(c, col, 3, c3);
-			/* weights as [N·G, Og, CKK]: a stride-0 view when G ==
-			 * 1, else one copy per image */
-			lt_t *wa = w;
-			if (wa->dtype != acc)
-				wa = lt_fn(c, acc, 4, w->sizes,
-					   sx_cast(c, lt_body(c, w), acc));
-			if (wa == NULL)
-				return -ENOMEM;
-			lt_t *w3;
-			if (G == 1) {
-				kiln_dim_t w2[2] = {dim_const(O),
-						    dim_const(CKK)};
-				lt_t *wv = lt_reshape(c, wa, 2, w2);
-				kiln_dim_t e3[3] = {dim_const(N), dim_const(O),
-						    dim_const(CKK)};
-				w3 = wv ? lt_expand(c, wv, 3, e3) : NULL;
-				if (w3 != NULL && !w3->is_buf) {
-					rc = lt_realize(c, w3,
-							(int32_t)n->index, &w3);
-					if (rc != 0)
-						return rc;
-				}
-			} else {
-				kiln_dim_t e3[3] = {dim_const(N * G),
-						    dim_const(Og),
-						    dim_const(CKK)};
-				const kiln_expr_t *o = ix_add(
-				    c,
-				    ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Og)),
-				    IV(1));
-				const kiln_expr_t *wi[4] = {
-				    o, ix_floordiv(c, IV(2), IC(KH * KW)),
-				    ix_mod(c, ix_floordiv(c, IV(2), IC(KW)),
-					   IC(KH)),
-				    ix_mod(c, IV(2), IC(KW))};
-				w3 = lt_fn(c, acc, 3, e3, lt_at(c, wa, wi));
-				if (w3 == NULL)
-					return -ENOMEM;
+			kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+			lt_t *wv = lt_reshape(c, wa, 2, w2);
+			kiln_dim_t e3[3] = {dim_const(N), dim_const(O),
+					    dim_const(CKK)};
+			w3 = wv ? lt_expand(c, wv, 3, e3) : NULL;
+			if (w3 != NULL && !w3->is_buf) {
 				rc = lt_realize(c, w3, (int32_t)n->index, &w3);
 				if (rc != 0)
 					return rc;
 			}
-			if (w3 == NULL || col3 == NULL)
+		} else {
+			kiln_dim_t e3[3] = {dim_const(N * G), dim_const(Og),
+					    dim_const(CKK)};
+			const kiln_expr_t *o = ix_add(
+			    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Og)),
+			    IV(1));
+			const kiln_expr_t *wi[4] = {
+			    o, ix_floordiv(c, IV(2), IC(KH * KW)),
+			    ix_mod(c, ix_floordiv(c, IV(2), IC(KW)), IC(KH)),
+			    ix_mod(c, IV(2), IC(KW))};
+			w3 = lt_fn(c, acc, 3, e3, lt_at(c, wa, wi));
+			if (w3 == NULL)
 				return -ENOMEM;
-			rc = gemm_nchw(n, w3, col3, acc, N, O, OH, OW, &y);
+			rc = lt_realize(c, w3, (int32_t)n->index, &w3);
 			if (rc != 0)
 				return rc;
 		}
+		if (w3 == NULL || col3 == NULL)
+			return -ENOMEM;
+		rc = gemm_nchw(n, w3, col3, acc, N, O, OH, OW, &y);
+		if (rc != 0)
+			return rc;
 	}
 	if (b != NULL) {
 		const kiln_expr_t *bi[1] = {IV(1)};

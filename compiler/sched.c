@@ -748,10 +748,11 @@ char *sched_report(cctx_t *c)
 					    "of a whole-image or batched "
 					    "im2col, f32 with AVX-512, %lld "
 					    "output positions in %lld units "
-					    "of columns (at least 4)\n",
+					    "of columns (at least %d)\n",
 					    (long long)cols,
 					    (long long)cg_conv_implicit_units(
-						cols));
+						cols),
+					    CG_CONV_IMPLICIT_MIN_UNITS);
 				continue;
 			}
 			if (cs->tmpl)

@@ -50,6 +50,16 @@ def _train(model, args, steps, compiled):
     return losses
 
 
+def _check_three_steps(model, ref, args):
+    """3 SGD steps of model through kiln and of ref (its copy) eagerly:
+    losses and then parameters within the tolerances above."""
+    eager = _train(ref, args, 3, compiled=False)
+    ours = _train(model, args, 3, compiled=True)
+    assert ours == pytest.approx(eager, rel=1e-4, abs=1e-6), (ours, eager)
+    for (pn, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=pn)
+
+
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer_layer", "gpt2"])
 def test_three_sgd_steps_match_eager(name):
     import capture_corpus as cc
@@ -57,11 +67,7 @@ def test_three_sgd_steps_match_eager(name):
     model, args, train, _ = cc.MODELS[name]()
     assert train
     ref = copy.deepcopy(model)
-    eager = _train(ref, args, 3, compiled=False)
-    ours = _train(model, args, 3, compiled=True)
-    assert ours == pytest.approx(eager, rel=1e-4, abs=1e-6), (ours, eager)
-    for (pn, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=pn)
+    _check_three_steps(model, ref, args)
 
 
 # The corpus's inference-only vision models (captured in eval mode) train
@@ -82,12 +88,7 @@ def test_three_sgd_steps_match_eager_inference_models(name):
     x = torch.randn((2,) + tuple(args[0].shape[1:]))
     if name == "efficientnet":
         model, x = model.double(), x.double()
-    ref = copy.deepcopy(model)
-    eager = _train(ref, (x,), 3, compiled=False)
-    ours = _train(model, (x,), 3, compiled=True)
-    assert ours == pytest.approx(eager, rel=1e-4, abs=1e-6), (ours, eager)
-    for (pn, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=pn)
+    _check_three_steps(model, copy.deepcopy(model), (x,))
 
 
 def test_inference_resnet18_matches_eager():

@@ -18,7 +18,10 @@ and mode, in order:
   eager          the model uncompiled
   kiln cold      a kilnd started on a fresh store: every graph is compiled
   kiln memory    a fresh process, the same kilnd still running: hot-map hits
+                 (and torch's AOTAutograd cache, which the cold child filled:
+                 AOTAutograd does not trace)
   kiln disk      a fresh process and a NEW kilnd on the same store: disk hits
+                 (the same AOTAutograd cache)
   inductor cold  TORCHINDUCTOR_CACHE_DIR a fresh directory (FX graph cache on,
                  as by default; AOTAutograd cache at its default)
   inductor warm  a fresh process, the same TORCHINDUCTOR_CACHE_DIR
@@ -386,7 +389,10 @@ def measure(opts, model, mode, tmp, log):
         go("eager", "eager", {})
     if "kiln" in opts.backends:
         store = os.path.join(base, "store")
-        kiln_ind = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(base, "kiln-fallback-inductor")}
+        # torch's caches for the kiln children: the AOTAutograd entries the
+        # cold child writes (the warm ones skip AOTAutograd's tracing), and
+        # Inductor's if a graph fell back
+        kiln_ind = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(base, "kiln-torch-cache")}
         with Daemon(os.path.join(base, "kilnd-a"), store) as d:
             env = dict(kiln_ind, KILN_SOCKET=d.d.socket_path)
             go("kiln_cold", "kiln", env)["kilnd"] = d.stats()

@@ -2,7 +2,10 @@
 backend="kiln" (KILN_SOCKET names the daemon), trains 2 steps, prints one
 JSON line: the source and signature of each graph, and the losses.
 
-    python _backend_child.py train mlp|gpt2
+    python _backend_child.py train mlp|gpt2 [kiln|inductor]
+
+The line also has kiln.backend.stats(), which graphs came from torch's
+AOTAutograd cache (aot), and Dynamo's AOTAutograd counters (aot_counters).
 """
 import json
 import os
@@ -30,11 +33,12 @@ def model(name):
 
 
 def main():
-    _, what, name = sys.argv
+    _, what, name, *rest = sys.argv
+    backend = rest[0] if rest else "kiln"
     torch.set_num_threads(1)
     warnings.simplefilter("error", kb.KilnWarning)
     m, args = model(name)
-    cm = torch.compile(m, backend="kiln")
+    cm = torch.compile(m, backend=backend)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     losses = []
     for _ in range(2):
@@ -45,8 +49,11 @@ def main():
         opt.step()
         losses.append(loss.item())
     recs = kb.records()
+    from torch._dynamo.utils import counters
     print(json.dumps({"sources": [r["source"] for r in recs],
-                      "signatures": [r["signature"] for r in recs], "losses": losses}))
+                      "signatures": [r["signature"] for r in recs], "losses": losses,
+                      "aot": [bool(r.get("aot_cache")) for r in recs], "stats": kb.stats(),
+                      "aot_counters": dict(counters["aot_autograd"])}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,15 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# torch's caches (Inductor's, and the AOTAutograd entries kiln's backend
+# writes) in a directory of this session: nothing from an earlier run
+if "KILN_TEST_TORCH_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    os.environ["KILN_TEST_TORCH_CACHE"] = tempfile.mkdtemp(prefix="kiln-torch-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ["KILN_TEST_TORCH_CACHE"]
+    atexit.register(shutil.rmtree, os.environ["KILN_TEST_TORCH_CACHE"], True)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -76,6 +76,118 @@ def test_second_process_gets_the_cache_and_nothing_compiles(daemons):
     assert third["losses"] == first["losses"]
 
 
+# ---- torch's AOTAutograd cache: a warm start does not trace again ------------------
+
+def test_a_warm_process_skips_aotautograd_and_kilnd_answers(daemons, tmp_path):
+    d = daemons.start("aot")
+    daemons.use(d)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    first = _child("train", "gpt2", env=env)  # GPT-2 has dropout (the seeded forward)
+    assert first["aot"] == [False, False] and first["stats"]["aot_cache"] == 0, first
+    assert first["aot_counters"].get("autograd_cache_saved") == 1, first
+    n = _compiled(d)
+    second = _child("train", "gpt2", env=env)
+    # AOTAutograd did not trace: both graphs came back from its cache, and
+    # kilnd served their artifacts from memory
+    assert second["aot_counters"].get("autograd_cache_hit") == 1, second
+    assert second["aot"] == [True, True] and second["stats"]["aot_cache"] == 2, second
+    assert second["sources"] == ["memory", "memory"], second
+    assert second["signatures"] == first["signatures"]
+    assert second["losses"] == first["losses"]
+    assert _compiled(d) == n
+    # a daemon on a new, empty store: the entries hold the graphs, so kilnd
+    # compiles them again and the process still does not trace
+    d.stop()
+    d2 = daemons.start("aot2")
+    daemons.use(d2)
+    third = _child("train", "gpt2", env=env)
+    assert third["aot"] == [True, True] and third["sources"] == ["compiled", "compiled"], third
+    assert third["losses"] == first["losses"]
+
+
+def test_kiln_and_inductor_never_take_each_others_entries(daemons, tmp_path):
+    d = daemons.start("aotind")
+    daemons.use(d)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    ind = _child("train", "mlp", "inductor", env=env)
+    assert ind["stats"]["graphs"] == 0 and ind["aot_counters"].get("autograd_cache_saved"), ind
+    k = _child("train", "mlp", env=env)
+    assert k["aot"] == [False, False] and k["sources"] == ["compiled", "compiled"], k
+    assert not k["aot_counters"].get("autograd_cache_hit"), k
+    ind2 = _child("train", "mlp", "inductor", env=env)
+    # Inductor finds its own entry, never kiln's (which would run kiln)
+    assert ind2["stats"]["graphs"] == 0 and ind2["aot_counters"].get("autograd_cache_hit"), ind2
+    k2 = _child("train", "mlp", env=env)
+    assert k2["aot"] == [True, True], k2
+    assert k2["losses"] == k["losses"]
+
+
+def test_aot_cache_off_and_corrupt_entries_trace_as_before(daemons, tmp_path):
+    d = daemons.start("aotoff")
+    daemons.use(d)
+    cache = tmp_path / "torch"
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    first = _child("train", "mlp", env=env)
+    off = _child("train", "mlp", env=dict(env, KILN_AOT_CACHE="0"))
+    assert off["aot"] == [False, False] and off["stats"]["aot_cache"] == 0, off
+    assert not off["aot_counters"].get("autograd_cache_hit"), off
+    assert off["losses"] == first["losses"]
+    # every entry file truncated: the cache cannot load them, so AOTAutograd
+    # traces and kiln compiles through kilnd; nothing fails
+    entries = [p for p in (cache / "aotautograd").rglob("*") if p.is_file()]
+    assert entries
+    for p in entries:
+        p.write_bytes(p.read_bytes()[:7])
+    bad = _child("train", "mlp", env=env)
+    assert bad["aot"] == [False, False] and bad["sources"] == ["memory", "memory"], bad
+    assert bad["losses"] == first["losses"]
+
+
+def test_a_backward_left_to_eager_is_not_cached(daemons, monkeypatch, tmp_path):
+    import kiln.backend as kb
+    from torch._dynamo.utils import counters
+    d = daemons.start("aoteager")
+    daemons.use(d)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
+    real = kb._compile_aten
+
+    def no_backward(gm, example_inputs, settings, kind):
+        if kind == "backward":
+            raise kb._Fallback("refused by the test", "unsupported_op")
+        return real(gm, example_inputs, settings, kind)
+
+    monkeypatch.setattr(kb, "_compile_aten", no_backward)
+    model = _mlp()
+    x = torch.randn(8, 32)
+    counters.clear()
+    for i in range(2):
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            losses = _train_steps(torch.compile(model, backend="kiln"), model, x, 2)
+        assert losses[1] < losses[0]
+        if i == 0:  # (kiln warns once per process and cause)
+            assert any("this backward graph runs eagerly" in str(m.message) for m in w)
+    # the entry would hold an eager graph kiln cannot give back: it is not
+    # written, and the second compile traces again
+    assert counters["aot_autograd"]["autograd_cache_bypass"] >= 1
+    assert not counters["aot_autograd"].get("autograd_cache_saved")
+    assert not counters["aot_autograd"].get("autograd_cache_hit")
+    assert kb.stats()["aot_cache"] == 0
+
+
+def test_the_cache_tag_names_kiln_its_mode_and_the_users_tag(monkeypatch):
+    import kiln.backend as kb
+    from kiln import _aotcache
+    a = _aotcache.cache_tag(kb._Settings(None, None))
+    b = _aotcache.cache_tag(kb._Settings("max-autotune", None))
+    assert a.startswith("kiln/") and a != b
+    with torch.compiler.config.patch(cache_key_tag="team-7"):
+        assert _aotcache.cache_tag(kb._Settings(None, None)) == "team-7|" + a
+    with pytest.raises(ValueError, match="unknown options"):
+        kb._Settings(None, {"aot_cachee": False})
+
+
 def test_eight_processes_at_once_compile_each_graph_once(daemons):
     d = daemons.start("c", args=["--workers", "2"])
     daemons.use(d)
@@ -246,7 +358,9 @@ def test_kiln_compile_is_torch_compile_with_backend_kiln(kiln_daemon):
     def f(t):
         return model(t).relu()
     torch.testing.assert_close(f(x), model(x).relu())
-    assert [r["kind"] for r in kb.records()] == ["forward"]
+    # the parameters require grad: a training graph, whose backward is
+    # compiled with the forward (so both go into torch's AOTAutograd cache)
+    assert [r["kind"] for r in kb.records()] == ["forward", "backward"]
 
 
 def test_the_package_declares_the_entry_point(tmp_path):

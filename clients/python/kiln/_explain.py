@@ -102,7 +102,11 @@ class Observer:
     # -- patching ---------------------------------------------------------
     def __enter__(self):
         import torch._dynamo.utils as du
-        self._saved = (kb._compile_aten, kb._fallback_backend, kb.export_graph)
+        self._saved = (kb._compile_aten, kb._fallback_backend, kb.export_graph,
+                       kb._aot_cache_off)
+        # every graph is traced and exported (no AOTAutograd cache hit that
+        # would skip _compile_aten), so the report shows each one
+        kb._aot_cache_off = True
         kb._compile_aten = self._compile_aten
         kb._fallback_backend = self._fallback_backend
         kb.export_graph = self._export_graph
@@ -114,7 +118,8 @@ class Observer:
 
     def __exit__(self, *exc):
         self.t1 = time.perf_counter()
-        kb._compile_aten, kb._fallback_backend, kb.export_graph = self._saved
+        (kb._compile_aten, kb._fallback_backend, kb.export_graph,
+         kb._aot_cache_off) = self._saved
         import torch._dynamo.utils as du
         m = du.compilation_time_metrics.get("_compile.compile_inner")
         if m is not None:

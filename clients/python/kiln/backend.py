@@ -26,7 +26,13 @@ Settings (environment, or ``options={...}`` of torch.compile):
   KILN_FALLBACK=eager  | "fallback": "eager"   fallback: "inductor" (default) or "eager"
   KILN_SOCKET=path     | "socket": path        kilnd's socket (default discovery)
                        | "priority": "batch"   queue behind interactive compiles
+  KILN_AOT_CACHE=0     | "aot_cache": False    keep no graphs in torch's AOTAutograd cache
+
+A warm start skips AOTAutograd's tracing: kiln's graphs go into torch's
+AOTAutograd cache (kiln/_aotcache.py), and a hit hands kilnd the graph
+bytes the entry kept.
 """
+import contextlib
 import hashlib
 import logging
 import os
@@ -47,7 +53,7 @@ log = logging.getLogger("kiln")
 
 MODES = {None: "default", "default": "default", "reduce-overhead": "reduce-overhead",
          "max-autotune": "max-autotune", "max-autotune-no-cudagraphs": "max-autotune"}
-OPTIONS = {"strict", "fallback", "socket", "priority"}
+OPTIONS = {"strict", "fallback", "socket", "priority", "aot_cache"}
 # error codes meaning "kiln cannot take this graph" vs "kilnd is not there"
 _GRAPH_CODES = {"unsupported_op", "invalid_graph", "compile_failed", "too_large"}
 
@@ -70,7 +76,7 @@ class _State:
         self.warned = set()
         self.down_until = 0.0  # after a failed connect: do not retry before this
         self.counts = {"graphs": 0, "compiled": 0, "memory": 0, "disk": 0, "remote": 0,
-                       "joined": 0, "local": 0, "process": 0, "fallback": 0}
+                       "joined": 0, "local": 0, "process": 0, "fallback": 0, "aot_cache": 0}
 
 
 _state = _State()
@@ -169,6 +175,8 @@ class _Settings:
             raise ValueError(f"kiln: fallback {self.fallback!r}: want 'inductor' or 'eager'")
         self.socket = _setting(options, "socket", "KILN_SOCKET", None)
         self.priority = _setting(options, "priority", "KILN_PRIORITY", None)
+        aot_cache = _setting(options, "aot_cache", "KILN_AOT_CACHE", True)
+        self.aot_cache = aot_cache not in (False, 0, "0", "", "false", "no")
         self.dynamic = None
 
 
@@ -293,6 +301,18 @@ def _compile_aten(gm, example_inputs, settings, kind):
     data = dumps(graph)
     t1 = time.perf_counter()
     rec["export_ms"] = (t1 - t0) * 1e3
+    mod = _load(data, graph.get("none_outputs", []), seeded is not None, settings, kind, rec,
+                graph)
+    mod._kiln_data = data
+    mod._kiln_none = graph.get("none_outputs", [])
+    return mod
+
+
+def _load(data, none_outputs, seeded, settings, kind, rec, graph=None):
+    """Graph v1 bytes -> the loaded Module: the process cache, else kilnd
+    (which compiles on a miss). Raises _Fallback when kiln cannot take it.
+    graph: the exported dict, to name the node kilnd points at."""
+    t1 = time.perf_counter()
     key = (hashlib.sha256(data).digest(), settings.mode, settings.dynamic)
     hit = _state.modules.get(key)
     if hit is not None:
@@ -309,16 +329,17 @@ def _compile_aten(gm, example_inputs, settings, kind):
         rec["why"] = f"{e.code}: {e}"
         if e.code in _GRAPH_CODES:
             node = ""
-            if e.node is not None and 0 <= e.node < len(graph.get("nodes", [])):
-                node = f" (node {e.node}: {graph['nodes'][e.node].get('op')})"
+            nodes = (graph or {}).get("nodes", [])
+            if e.node is not None and 0 <= e.node < len(nodes):
+                node = f" (node {e.node}: {nodes[e.node].get('op')})"
             f = _Fallback(f"kilnd cannot compile the {kind} graph{node}: {e}", e.code)
         else:
             f = _Fallback(f"kilnd is not available ({e.code}): {e}", e.code)
         f.record = rec
         raise f from e
     t2 = time.perf_counter()
-    mod = Module(art, graph.get("none_outputs", []))
-    mod._kiln_seeded = seeded is not None
+    mod = Module(art, none_outputs)
+    mod._kiln_seeded = seeded
     t3 = time.perf_counter()
     steps = mod._steps
     kernels = [k.get("name") for k in mod._kernels]
@@ -332,7 +353,9 @@ def _compile_aten(gm, example_inputs, settings, kind):
     return mod
 
 
-def _aten_compiler(settings, kind):
+def _aten_compiler(settings, kind, cached):
+    """AOTAutograd's compiler for kind. cached: return KilnOutput (what
+    torch's AOTAutograd cache stores; kiln/_aotcache.py) around the runner."""
     def compiler(gm, example_inputs):
         try:
             mod = _compile_aten(gm, example_inputs, settings, kind)
@@ -344,17 +367,49 @@ def _aten_compiler(settings, kind):
             _warn(settings, ("bw", e.code), f"kiln: {e}; this backward graph runs eagerly")
             if getattr(e, "record", None) is not None:
                 e.record["source"] = "eager"
-            return _boxed(gm)
+            return cached(_boxed(gm), kind) if cached else _boxed(gm)
         if not mod._kernels:
             # every step is a torch op (e.g. the fused
             # _transformer_encoder_layer_fwd of an eval() layer): the ATen
             # graph itself does the same without the plan's copies
-            return _boxed(gm)
-        runner = _boxed_seeded(mod) if getattr(mod, "_kiln_seeded", False) else _boxed(mod)
-        runner.kiln_module = mod
+            runner = _boxed(gm)
+        else:
+            runner = _runner(mod)
+        if cached:
+            return cached(runner, kind, mod._kiln_data, mod._kiln_none, mod._kiln_seeded)
         return runner
 
     return compiler
+
+
+def _runner(mod):
+    runner = _boxed_seeded(mod) if getattr(mod, "_kiln_seeded", False) else _boxed(mod)
+    runner.kiln_module = mod
+    return runner
+
+
+_tls = threading.local()  # .settings: those of the kiln() call in progress
+_aot_cache_off = False  # kiln.explain: trace every graph (see _explain.py)
+
+
+def _load_cached(out):
+    """KilnOutput.post_compile: the runner of a graph torch's AOTAutograd
+    cache gave back (AOTAutograd did not trace it). The artifact comes from
+    the process cache or kilnd, which compiles it again if its store lost it.
+    Raises when it cannot be had: the cache then counts a bypass and
+    AOTAutograd traces as on a miss."""
+    settings = getattr(_tls, "settings", None)
+    if settings is None:
+        raise KilnError("kiln: an AOTAutograd cache entry loaded outside the kiln backend")
+    rec = {"kind": out.kind, "nodes": None, "source": None, "signature": None, "kernels": [],
+           "fallback_ops": [], "export_ms": 0.0, "compile_ms": 0.0, "rpc_ms": 0.0,
+           "load_ms": 0.0, "why": None, "aot_cache": True}
+    mod = _load(out.data, out.none_outputs, out.seeded, settings, out.kind, rec)
+    with _state.lock:
+        _state.records.append(rec)
+        _state.counts["graphs"] += 1
+        _state.counts["aot_cache"] += 1
+    return _runner(mod)
 
 
 # ---------------------------------------------------------------------------
@@ -400,11 +455,33 @@ def kiln(gm, example_inputs, mode=None, options=None):
         _record("dynamo", gm, why).update(source="fallback", runs_with=settings.fallback)
         return _fallback_backend(gm, example_inputs, settings, why, ("down",))
     from torch._dynamo.backends.common import aot_autograd
-    aot = aot_autograd(fw_compiler=_aten_compiler(settings, "forward"),
-                       bw_compiler=_aten_compiler(settings, "backward"),
-                       inference_compiler=_aten_compiler(settings, "inference"))
+    cached = None
+    ctx = contextlib.nullcontext()
+    if settings.aot_cache and not _aot_cache_off:
+        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+        from . import _aotcache
+        cached = _aotcache.KilnOutput
+
+        def compiler(kind):
+            return SerializableAOTDispatchCompiler(cached, _aten_compiler(settings, kind, cached))
+
+        fw, bw, inf = compiler("forward"), compiler("backward"), compiler("inference")
+        # bundled: the entry holds kiln's KilnOutput itself (not an FX graph
+        # cache key); non-lazy backward: the entry is written while these
+        # patches hold (a lazy backward compiles, and saves, after they end)
+        ctx = contextlib.ExitStack()
+        ctx.enter_context(torch._functorch.config.patch(
+            bundled_autograd_cache=True, force_non_lazy_backward_lowering=True))
+        ctx.enter_context(_aotcache.kiln_keys(settings))
+    else:
+        fw, bw, inf = (_aten_compiler(settings, k, None) for k in ("forward", "backward",
+                                                                   "inference"))
+    aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inf)
+    prior = getattr(_tls, "settings", None)
+    _tls.settings = settings
     try:
-        return aot(gm, example_inputs)
+        with ctx:
+            return aot(gm, example_inputs)
     except Exception as e:
         if _restart is not None and isinstance(e, _restart):
             # Dynamo's own control flow (e.g. a float argument such as
@@ -426,6 +503,8 @@ def kiln(gm, example_inputs, mode=None, options=None):
         else:
             _record("dynamo", gm, str(f)).update(source="fallback", runs_with=settings.fallback)
         return _fallback_backend(gm, example_inputs, settings, str(f), ("graph", f.code, str(f)))
+    finally:
+        _tls.settings = prior
 
 
 try:

@@ -5,7 +5,10 @@ JSON line: the source and signature of each graph, and the losses.
     python _backend_child.py train mlp|gpt2 [kiln|inductor]
 
 The line also has kiln.backend.stats(), which graphs came from torch's
-AOTAutograd cache (aot), and Dynamo's AOTAutograd counters (aot_counters).
+AOTAutograd cache (aot), Dynamo's AOTAutograd counters (aot_counters), the
+graphs Dynamo traced, and the KilnWarnings when KILN_CHILD_WARNINGS=1 (else
+one is an error). KILN_CHILD_SAVE_PRECOMPILE=1: save torch's precompile
+cache at the end (torch.compiler.save_cache_artifacts).
 """
 import json
 import os
@@ -36,7 +39,12 @@ def main():
     _, what, name, *rest = sys.argv
     backend = rest[0] if rest else "kiln"
     torch.set_num_threads(1)
-    warnings.simplefilter("error", kb.KilnWarning)
+    warned = []
+    if os.environ.get("KILN_CHILD_WARNINGS") == "1":  # recorded, not errors
+        warnings.showwarning = lambda m, c, *a, **k: warned.append(f"{c.__name__}: {m}")
+        warnings.simplefilter("always", kb.KilnWarning)
+    else:
+        warnings.simplefilter("error", kb.KilnWarning)
     m, args = model(name)
     cm = torch.compile(m, backend=backend)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
@@ -48,12 +56,16 @@ def main():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    if os.environ.get("KILN_CHILD_SAVE_PRECOMPILE") == "1":
+        torch.compiler.save_cache_artifacts()
     recs = kb.records()
     from torch._dynamo.utils import counters
     print(json.dumps({"sources": [r["source"] for r in recs],
                       "signatures": [r["signature"] for r in recs], "losses": losses,
                       "aot": [bool(r.get("aot_cache")) for r in recs], "stats": kb.stats(),
-                      "aot_counters": dict(counters["aot_autograd"])}))
+                      "aot_counters": dict(counters["aot_autograd"]),
+                      "dynamo_graphs": int(counters["stats"]["unique_graphs"]),
+                      "warnings": warned}))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,27 @@ def test_a_warm_process_skips_aotautograd_and_kilnd_answers(daemons, tmp_path):
     assert third["losses"] == first["losses"]
 
 
+def test_torch_precompile_skips_dynamo_too_and_survives_a_missing_daemon(daemons, tmp_path):
+    d = daemons.start("pre")
+    daemons.use(d)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch"), "TORCH_CACHING_PRECOMPILE": "1"}
+    first = _child("train", "mlp", env=dict(env, KILN_CHILD_SAVE_PRECOMPILE="1"))
+    assert first["sources"] == ["compiled", "compiled"] and first["dynamo_graphs"] == 1, first
+    assert (tmp_path / "torch" / "dynamo").is_dir()
+    second = _child("train", "mlp", env=env)
+    # loaded at torch.compile(): Dynamo traced nothing, AOTAutograd nothing
+    assert second["dynamo_graphs"] == 0, second
+    assert second["aot"] == [True, True] and second["sources"] == ["memory", "memory"], second
+    assert second["losses"] == first["losses"]
+    # kilnd gone: torch's precompile has no fallback once loaded, so the
+    # ATen graphs the entries kept run eagerly, with kiln's warning
+    d.stop()
+    third = _child("train", "mlp", env=dict(env, KILN_CHILD_WARNINGS="1"))
+    assert third["sources"] == ["eager", "eager"] and third["stats"]["fallback"] == 2, third
+    assert any("from torch's precompile cache) runs eagerly" in w for w in third["warnings"])
+    torch.testing.assert_close(third["losses"], first["losses"], rtol=1e-5, atol=1e-6)
+
+
 def test_kiln_and_inductor_never_take_each_others_entries(daemons, tmp_path):
     d = daemons.start("aotind")
     daemons.use(d)

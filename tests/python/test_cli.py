@@ -50,8 +50,9 @@ def _env(socket):
     return env
 
 
-def kiln_cli(socket, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kiln", *args], cwd=ROOT, env=_env(socket),
+def kiln_cli(socket, *args, timeout=300, env=None):
+    return subprocess.run([sys.executable, "-m", "kiln", *args], cwd=ROOT,
+                          env=dict(_env(socket), **(env or {})),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -132,6 +133,25 @@ def test_warm_compiles_then_everything_is_cached(daemons, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "graph 1: forward" in r.stdout and "graph 2: backward" in r.stdout
     assert "cache: 2 hits (memory 2), 0 misses" in r.stdout
+    assert d.stats()["compiled"] == compiled
+
+
+def test_warm_fills_torchs_caches_for_the_jobs_after_it(daemons, tmp_path):
+    d = daemons.start("warmpre")
+    script = _script(tmp_path, "train.py", TRAIN_SCRIPT)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch"), "TORCH_CACHING_PRECOMPILE": "1"}
+    r = kiln_cli(d.socket_path, "warm", script, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "2 compiled by kilnd" in r.stderr
+    assert "kiln warm: saved torch's precompile cache (TORCH_CACHING_PRECOMPILE=1)" in r.stderr
+    assert (tmp_path / "torch" / "dynamo").is_dir() and (tmp_path / "torch" / "aotautograd").is_dir()
+    # the next run loads both graphs at torch.compile(): they are observed
+    # (from kilnd's memory), and kilnd compiles nothing
+    compiled = d.stats()["compiled"]
+    r = kiln_cli(d.socket_path, "warm", script, env=env)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"2 graphs in [\d.]+ s: 0 compiled by kilnd, 2 already cached "
+                     r"\(memory 2\), 0 fallbacks", r.stderr), r.stderr
     assert d.stats()["compiled"] == compiled
 
 

@@ -438,7 +438,7 @@ def cmd_warm(a):
     prog = _Warm(out)
     t0 = time.monotonic()
     exit_ = None
-    with Observer(on_event=prog.event) as obs:
+    with Observer(on_event=prog.event, aot_cache=True) as obs:
         prog.start()
         try:
             with route_torch_compile(lambda m: out.line(f"kiln warm: {m}")), _clearing(out):
@@ -447,9 +447,27 @@ def cmd_warm(a):
             prog.close()
     for line in summary_lines(obs.graphs(), time.monotonic() - t0):
         out.line(line)
+    _save_precompile(out)
     if exit_ is not None:
         raise exit_
     return rc
+
+
+def _save_precompile(out):
+    """Under torch's precompile (TORCH_CACHING_PRECOMPILE=1), writes what the
+    script compiled to torch's Dynamo cache: a later process loads it at
+    torch.compile() and neither Dynamo nor AOTAutograd traces."""
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch._dynamo.config, "caching_precompile", False):
+        return
+    try:
+        torch.compiler.save_cache_artifacts()
+    except Exception as e:  # the compiles themselves are kept either way
+        out.line(f"kiln warm: torch's precompile cache was not saved: {type(e).__name__}: {e}")
+        return
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    out.line(f"kiln warm: saved torch's precompile cache (TORCH_CACHING_PRECOMPILE=1) "
+             f"under {cache_dir()}")
 
 
 # ---------------------------------------------------------------------------

@@ -77,24 +77,38 @@ class KilnOutput(OutputCode):
     runner: what runs it in this process (boxed); None after unpickling,
     until post_compile loads the artifact. data: the Graph v1 bytes, None
     for a graph that ran without kiln (a backward left to eager), which is
-    not cached."""
+    not cached. gm: the ATen graph, kept (as torch keeps a backward's) so
+    that an entry loaded where kilnd cannot answer still runs, eagerly."""
 
-    def __init__(self, runner, kind, data=None, none_outputs=(), seeded=False):
+    def __init__(self, runner, kind, data=None, none_outputs=(), seeded=False, settings=None,
+                 gm=None):
         super().__init__()
         self._runner = runner
+        self._gm = gm
+        self.gm_state = None
+        self.nodes = (sum(1 for n in gm.graph.nodes if n.op == "call_function")
+                      if gm is not None else None)
         self._boxed_call = True
         self.kind = kind
         self.data = data
         self.none_outputs = list(none_outputs)
         self.seeded = seeded
         self.format = _FORMAT
+        # torch.compile's mode and kiln's dynamic flag, for a load outside a
+        # kiln() call (torch's precompile loads entries at torch.compile)
+        self.mode = settings.torch_mode if settings is not None else None
+        self.dynamic = settings.dynamic if settings is not None else None
 
     def __call__(self, inputs):
         return self._runner(inputs)
 
     def __getstate__(self):
+        # (also what copy.copy reads: the cache pickles a copy)
+        if self._gm is not None and self.gm_state is None:
+            self.gm_state = _reduce_gm(self._gm)
         state = dict(self.__dict__)
         state["_runner"] = None
+        state["_gm"] = None
         return state
 
     def prepare_for_serialization(self):
@@ -102,16 +116,47 @@ class KilnOutput(OutputCode):
             raise BypassAOTAutogradCache(f"kiln: this {self.kind} graph ran without kiln")
         self._runner = None
 
+    def current(self):
+        """False for an entry this version of kiln cannot read (torch's
+        precompile cache is keyed by the model's code, not kiln's)."""
+        return getattr(self, "format", None) == _FORMAT and self.data is not None
+
+    def eager(self):
+        """The runner of the kept ATen graph (None when there is none)."""
+        state = getattr(self, "gm_state", None)
+        if state is None:
+            return None
+        fn, args = state
+        gm = fn(*args)
+        if not isinstance(gm, torch.fx.GraphModule):
+            return None
+
+        def run(args):
+            outs = gm(*args)
+            args.clear()
+            return outs
+
+        run._boxed_call = True
+        return run
+
     def post_compile(self, example_inputs, constants, graph_kwargs):
         if self._runner is not None:
             return
-        if getattr(self, "format", None) != _FORMAT or self.data is None:
-            raise BypassAOTAutogradCache("kiln: a cache entry of another format")
         from .backend import _load_cached
         self._runner = _load_cached(self)
 
     def set_triton_bundle(self, triton_bundle):
         pass
+
+
+def _reduce_gm(gm):
+    """gm as torch pickles the backward module it keeps in an entry
+    (serialize_graph_module): its code and attributes, no node metadata
+    (fake tensors). gm itself is left as it is."""
+    g = torch.fx.GraphModule(gm, gm.graph)
+    g.meta = {}
+    fn, args = g.__reduce__()
+    return fn, args
 
 
 # ---------------------------------------------------------------------------

@@ -86,10 +86,16 @@ class Observer:
     context manager; nestable). ``on_event(what, entry)`` is called with
     what = "start" before a graph is compiled and "done" after (entry: a
     dict, see graphs()). Also takes Dynamo's compile time, graph breaks and
-    graph count over the same span."""
+    graph count over the same span.
 
-    def __init__(self, on_event=None):
+    aot_cache: leave torch's AOTAutograd cache to the backend (kiln warm:
+    the run fills it for the jobs after it; a graph it gives back is
+    observed too). Off (explain): every graph is traced and exported, so
+    the report shows each one's export."""
+
+    def __init__(self, on_event=None, aot_cache=False):
         self.on_event = on_event
+        self.aot_cache = aot_cache
         self.entries = []
         self.active = None  # the entry being compiled now, if any
         self._lock = threading.Lock()
@@ -103,10 +109,9 @@ class Observer:
     def __enter__(self):
         import torch._dynamo.utils as du
         self._saved = (kb._compile_aten, kb._fallback_backend, kb.export_graph,
-                       kb._aot_cache_off)
-        # every graph is traced and exported (no AOTAutograd cache hit that
-        # would skip _compile_aten), so the report shows each one
-        kb._aot_cache_off = True
+                       kb._aot_cache_off, kb._load_cached)
+        kb._aot_cache_off = not self.aot_cache
+        kb._load_cached = self._load_cached
         kb._compile_aten = self._compile_aten
         kb._fallback_backend = self._fallback_backend
         kb.export_graph = self._export_graph
@@ -119,7 +124,7 @@ class Observer:
     def __exit__(self, *exc):
         self.t1 = time.perf_counter()
         (kb._compile_aten, kb._fallback_backend, kb.export_graph,
-         kb._aot_cache_off) = self._saved
+         kb._aot_cache_off, kb._load_cached) = self._saved
         import torch._dynamo.utils as du
         m = du.compilation_time_metrics.get("_compile.compile_inner")
         if m is not None:
@@ -144,9 +149,18 @@ class Observer:
         return g
 
     def _compile_aten(self, gm, example_inputs, settings, kind):
-        e = {"kind": kind, "nodes": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+        nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        return self._observe(kind, nodes, settings.fallback, lambda: self._saved[0](
+            gm, example_inputs, settings, kind))
+
+    def _load_cached(self, out):
+        """A graph torch's AOTAutograd cache gave back (kb._load_cached)."""
+        return self._observe(out.kind, out.nodes, "eager", lambda: self._saved[4](out))
+
+    def _observe(self, kind, nodes, fallback_to, call):
+        e = {"kind": kind, "nodes": nodes,
              "record": None, "state": "compiling", "in_dynamo": _in_dynamo(), "error": None,
-             "fallback_to": settings.fallback, "kernel_ops": [], "wall_ms": 0.0,
+             "fallback_to": fallback_to, "kernel_ops": [], "wall_ms": 0.0,
              "fallback_ms": 0.0, "dynamo_level": False}
         with self._lock:
             self.entries.append(e)
@@ -156,9 +170,10 @@ class Observer:
         self._emit("start", e)
         t = time.perf_counter()
         try:
-            mod = self._saved[0](gm, example_inputs, settings, kind)
-            e["kernel_ops"] = self._kernel_ops(mod, getattr(self._tls, "graph", None))
-            return mod
+            got = call()  # a Module (_compile_aten) or a runner (_load_cached)
+            e["kernel_ops"] = self._kernel_ops(getattr(got, "kiln_module", got),
+                                               getattr(self._tls, "graph", None))
+            return got
         except kb._Fallback as ex:
             e["error"] = str(ex)
             raise

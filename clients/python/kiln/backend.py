@@ -367,7 +367,7 @@ def _aten_compiler(settings, kind, cached):
             _warn(settings, ("bw", e.code), f"kiln: {e}; this backward graph runs eagerly")
             if getattr(e, "record", None) is not None:
                 e.record["source"] = "eager"
-            return cached(_boxed(gm), kind) if cached else _boxed(gm)
+            return cached(_boxed(gm), kind, settings=settings, gm=gm) if cached else _boxed(gm)
         if not mod._kernels:
             # every step is a torch op (e.g. the fused
             # _transformer_encoder_layer_fwd of an eval() layer): the ATen
@@ -376,7 +376,8 @@ def _aten_compiler(settings, kind, cached):
         else:
             runner = _runner(mod)
         if cached:
-            return cached(runner, kind, mod._kiln_data, mod._kiln_none, mod._kiln_seeded)
+            return cached(runner, kind, mod._kiln_data, mod._kiln_none, mod._kiln_seeded,
+                          settings, gm)
         return runner
 
     return compiler
@@ -399,12 +400,34 @@ def _load_cached(out):
     Raises when it cannot be had: the cache then counts a bypass and
     AOTAutograd traces as on a miss."""
     settings = getattr(_tls, "settings", None)
-    if settings is None:
-        raise KilnError("kiln: an AOTAutograd cache entry loaded outside the kiln backend")
-    rec = {"kind": out.kind, "nodes": None, "source": None, "signature": None, "kernels": [],
-           "fallback_ops": [], "export_ms": 0.0, "compile_ms": 0.0, "rpc_ms": 0.0,
-           "load_ms": 0.0, "why": None, "aot_cache": True}
-    mod = _load(out.data, out.none_outputs, out.seeded, settings, out.kind, rec)
+    precompiled = settings is None
+    if precompiled:  # torch's precompile, at torch.compile(): the entry's own
+        settings = _Settings(getattr(out, "mode", None), None)
+        settings.dynamic = getattr(out, "dynamic", None)
+    rec = {"kind": out.kind, "nodes": getattr(out, "nodes", None), "source": None,
+           "signature": None, "kernels": [], "fallback_ops": [], "export_ms": 0.0,
+           "compile_ms": 0.0, "rpc_ms": 0.0, "load_ms": 0.0, "why": None, "aot_cache": True}
+    try:
+        if not out.current():
+            from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+            if not precompiled:  # the cache counts a bypass; AOTAutograd traces
+                raise BypassAOTAutogradCache("kiln: an entry of another kiln version")
+            raise _Fallback("the entry was written by another version of kiln", "internal")
+        mod = _load(out.data, out.none_outputs, out.seeded, settings, out.kind, rec)
+    except _Fallback as e:
+        eager = out.eager() if precompiled else None
+        if eager is None or settings.strict:
+            raise
+        # torch's precompile has no fallback of its own once Dynamo's part
+        # is loaded (an exception here fails torch.compile): the ATen graph
+        # the entry kept runs eagerly
+        rec.update(source="eager", runs_with="eager", why=str(e))
+        with _state.lock:
+            _state.records.append(rec)
+            _state.counts["graphs"] += 1
+        _warn(settings, ("precompiled", e.code), f"kiln: {e}; this {out.kind} graph (from "
+              f"torch's precompile cache) runs eagerly")
+        return eager
     with _state.lock:
         _state.records.append(rec)
         _state.counts["graphs"] += 1

@@ -89,16 +89,18 @@ def _lib_candidates():
     """Where libkiln.so may be, in order: $KILN_LIB; the build tree
     ($KILN_BUILD_DIR, else build/ of the checkout this package lives in or
     of the checkout whose .venv runs us); the install prefix (pkg-config's
-    libdir for kiln, sys.prefix, /usr/local, /usr); the loader's path."""
-    cands = []
+    libdir for kiln, sys.prefix, /usr/local, /usr); the loader's path.
+    A generator: pkg-config (a process, 8 ms) runs only when the build
+    tree has none."""
     if os.environ.get("KILN_LIB"):
-        cands.append(os.environ["KILN_LIB"])
+        yield os.environ["KILN_LIB"]
     here = os.path.dirname(os.path.abspath(__file__))
     roots = [os.path.dirname(os.path.dirname(os.path.dirname(here))),
              os.path.dirname(sys.prefix)]
     if os.environ.get("KILN_BUILD_DIR"):
-        cands.append(os.path.join(os.environ["KILN_BUILD_DIR"], "clients", "libkiln.so"))
-    cands += [os.path.join(r, "build", "clients", "libkiln.so") for r in roots]
+        yield os.path.join(os.environ["KILN_BUILD_DIR"], "clients", "libkiln.so")
+    for r in roots:
+        yield os.path.join(r, "build", "clients", "libkiln.so")
     libdirs = []
     try:
         r = subprocess.run(["pkg-config", "--variable=libdir", "kiln"], capture_output=True,
@@ -109,9 +111,9 @@ def _lib_candidates():
         pass
     for pre in (sys.prefix, "/usr/local", "/usr"):
         libdirs += [os.path.join(pre, "lib", "x86_64-linux-gnu"), os.path.join(pre, "lib")]
-    cands += [os.path.join(d, "libkiln.so") for d in libdirs]
-    cands.append("libkiln.so")
-    return cands
+    for d in libdirs:
+        yield os.path.join(d, "libkiln.so")
+    yield "libkiln.so"
 
 
 def _find_lib():

@@ -261,14 +261,19 @@ def child(a):
                            for x, y in zip(oc, oe) if x.numel()), default=0.0)
             if len(oc) != len(oe):
                 maxdiff = float("inf")
+        saved = None
         if os.environ.get("KILN_BENCH_SAVE_PRECOMPILE") == "1":
-            torch.compiler.save_cache_artifacts()
+            try:
+                torch.compiler.save_cache_artifacts()
+                saved = "saved"
+            except Exception as e:  # torch refuses some models (a local class)
+                saved = f"not saved: {type(e).__name__}: {str(e)[-160:]}"
     for x in w:
         name = x.category.__name__
         if name == "KilnWarning" or a.backend == "kiln":
             warns.append(f"{name}: {x.message}"[:400])
     res = {"model": a.model, "mode": a.mode, "backend": a.backend, "import_s": t_import,
-           "first_s": first, "compile_s": compile_s,
+           "first_s": first, "compile_s": compile_s, "precompile_save": saved,
            "step_s": statistics.median(times), "steps": len(times),
            "step_min_s": min(times), "metrics": met, "maxdiff": maxdiff,
            "loadavg": os.getloadavg(), "threads": torch.get_num_threads(),
@@ -467,7 +472,12 @@ def _mark(ok):
 
 def _warm_ok(r, precompile=False):
     """kiln's warm first call within target: both default columns (disk,
-    memory), or the precompile one; None where one is missing."""
+    memory), or the precompile one; None where one is missing, or where the
+    precompile child traced (it did not load torch's entries) or fell back."""
+    if precompile:
+        kp = r["runs"].get("kiln_precompile") if "runs" in r else None
+        if not _ok(kp) or kp.get("frames") or kp["stats"].get("fallback"):
+            return None
     ks = [r["pre_minus"]] if precompile else [r["disk_minus"], r["memory_minus"]]
     return None if any(x is None for x in ks) else max(ks) * 1e3 <= WARM_TARGET_MS
 
@@ -534,6 +544,8 @@ def summarize(results, load0, load1):
         r["notes"] = {k: _kiln_note(v) for k, v in (("cold", kc), ("memory", km), ("disk", kd),
                                                       ("precompile", kp))}
         r["errors"] = {k: v["error"] for k, v in runs.items() if "error" in v}
+        ps = runs.get("kiln_pre_save")
+        r["pre_save"] = ps.get("precompile_save") if _ok(ps) else None
         r["runs"] = runs
         rows.append(r)
 
@@ -557,7 +569,8 @@ def summarize(results, load0, load1):
     print("   kiln precompile (TORCH_CACHING_PRECOMPILE=1, entries saved by the process "
           "before), inductor (same cache dir)")
     print(f"   -step: minus the steady step (last table); target: kiln - step <= "
-          f"{WARM_TARGET_MS:.0f} ms (default: both disk and memory; pre: precompile)")
+          f"{WARM_TARGET_MS:.0f} ms (default: both disk and memory; pre: precompile, '-' "
+          f"where that child traced or fell back)")
     print(f"{'model':18} {'mode':5} {'step':>8} {'disk':>8} {'-step':>8} {'memory':>8} "
           f"{'-step':>8} {'precomp':>8} {'-step':>8} {'inductor':>9} {'-step':>8} "
           f"{'default':>7} {'pre':>5}")
@@ -633,6 +646,8 @@ def summarize(results, load0, load1):
             print(f"  {r['model']} {r['mode']}: {w}")
         for k, e in r["errors"].items():
             print(f"  {r['model']} {r['mode']} {k} FAILED: {e}")
+        if r["pre_save"] and r["pre_save"] != "saved":
+            print(f"  {r['model']} {r['mode']}: torch's precompile cache {r['pre_save']}")
 
     # the targets over all rows
     def tally(vals):

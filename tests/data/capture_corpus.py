@@ -430,16 +430,30 @@ def model_gpt2():
     m = GPT2LMHeadModel(cfg)
     m.loss_type = "ForCausalLM"  # else an unknown-loss warning (logger call) breaks the graph
     m.train()
+    return GPT2WithLoss(m), (_prng_ids(6, (2, 16), 512),), True, ()
 
-    class WithLoss(nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
 
-        def forward(self, ids):
-            return self.inner(input_ids=ids, labels=ids, use_cache=False).loss
+# the wrappers are module-level classes: torch's precompile cache refuses a
+# model whose class is local to a function
 
-    return WithLoss(m), (_prng_ids(6, (2, 16), 512),), True, ()
+
+class GPT2WithLoss(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids):
+        return self.inner(input_ids=ids, labels=ids, use_cache=False).loss
+
+
+class BertOutputs(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids, mask):
+        o = self.inner(input_ids=ids, attention_mask=mask)
+        return o.last_hidden_state, o.pooler_output
 
 
 def model_bert():
@@ -449,20 +463,10 @@ def model_bert():
                      intermediate_size=128, vocab_size=512, max_position_embeddings=64,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     m = BertModel(cfg).eval()
-
-    class Outputs(nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids, mask):
-            o = self.inner(input_ids=ids, attention_mask=mask)
-            return o.last_hidden_state, o.pooler_output
-
     ids = _prng_ids(7, (2, 16), 512)
     mask = torch.ones(2, 16, dtype=torch.int64)
     mask[1, 12:] = 0  # a padded second sequence
-    return Outputs(m), (ids, mask), False, ()
+    return BertOutputs(m), (ids, mask), False, ()
 
 
 def model_vit():

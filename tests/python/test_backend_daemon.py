@@ -8,6 +8,7 @@ run tests/python/_backend_child.py.
 """
 import json
 import os
+import pickle
 import subprocess
 import sys
 import warnings
@@ -207,6 +208,87 @@ def test_the_cache_tag_names_kiln_its_mode_and_the_users_tag(monkeypatch):
         assert _aotcache.cache_tag(kb._Settings(None, None)) == "team-7|" + a
     with pytest.raises(ValueError, match="unknown options"):
         kb._Settings(None, {"aot_cachee": False})
+
+
+def _key_of(gm, inputs, **aot):
+    import types
+    from kiln import _aotcache
+    cfg = dict(num_params_buffers=0, keep_inference_input_mutations=False, is_export=False,
+               no_tangents=False, dynamic_shapes=False, aot_autograd_arg_pos_to_source=None,
+               pre_dispatch=False)
+    cfg.update(aot)
+    _aotcache._tls.tag = "kiln/test"
+    try:
+        return _aotcache._kiln_key(gm, inputs, types.SimpleNamespace(**cfg))
+    finally:
+        _aotcache._tls.tag = None
+
+
+def test_kilns_cache_key_tells_apart_what_changes_the_graph():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("steps", torch.tensor(3))  # a 0-d attribute
+
+        def forward(self, x):
+            return torch.relu(x * self.steps)
+
+    gm = torch.fx.symbolic_trace(M())
+    x = torch.randn(4, 8)
+    k = _key_of(gm, [x])
+    assert k is not None and k == _key_of(gm, [x.clone()])
+    assert _key_of(gm, [x.clone().requires_grad_()]) != k
+    assert _key_of(gm, [x.double()]) != k
+    assert _key_of(gm, [torch.randn(8, 4).t()]) != k          # strides
+    assert _key_of(gm, [x], keep_inference_input_mutations=True) != k
+    with torch.no_grad():
+        assert _key_of(gm, [x]) != k
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = _key_of(gm, [x])
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert _key_of(gm, [x]) != a
+    gm.steps.fill_(4)                                          # a constant's value
+    assert _key_of(gm, [x]) != k
+    # what kiln's key does not cover goes to torch's key
+    gm.obj = object()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (fx: "no underlying reference" for a non-tensor)
+        gm.graph.get_attr("obj")
+    gm.recompile()
+    assert _key_of(gm, [x]) is None
+
+
+def test_a_precompiled_entry_kiln_cannot_serve_runs_its_aten_graph(monkeypatch):
+    import kiln.backend as kb
+    from kiln import _aotcache
+    gm = torch.fx.symbolic_trace(lambda a, b: torch.relu(torch.add(a, b)))
+    out = _aotcache.KilnOutput(None, "forward", data=b"graph", gm=gm)
+    out = pickle.loads(pickle.dumps(out))  # as torch's cache gives it back
+    assert out._runner is None and out.nodes == 2
+    out.package = "an older kiln"
+    a, b = torch.randn(3), torch.randn(3)
+    with pytest.warns(kb.KilnWarning, match="another version of kiln.*runs eagerly"):
+        run = kb._load_cached(out)  # outside kiln(): torch's precompile path
+    torch.testing.assert_close(run([a, b]), (a + b).relu())
+    assert kb.stats()["fallback"] == 1 and kb.records()[-1]["source"] == "eager"
+    # strict: raised as kiln's error, not run
+    monkeypatch.setenv("KILN_STRICT", "1")
+    with pytest.raises(kb.KilnError, match="another version of kiln"):
+        kb._load_cached(out)
+
+
+def test_an_artifact_that_does_not_load_is_a_fallback(monkeypatch):
+    import kiln.backend as kb
+
+    class Client:
+        def compile(self, *a):
+            return b"not an artifact", "sig", "memory", 0.0
+
+    monkeypatch.setattr(kb, "_client", lambda socket: Client())
+    rec = {}
+    with pytest.raises(kb._Fallback, match="artifact cannot be loaded") as e:
+        kb._load(b"graph", [], False, kb._Settings(None, None), "forward", rec)
+    assert e.value.code == "internal" and rec["why"].startswith("load:")
 
 
 def test_eight_processes_at_once_compile_each_graph_once(daemons):

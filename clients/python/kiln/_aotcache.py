@@ -42,6 +42,7 @@ import threading
 
 import torch
 import torch._functorch._aot_autograd.autograd_cache as _ac
+import torch._inductor.config
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
 from torch._inductor.output_code import OutputCode
 
@@ -94,6 +95,7 @@ class KilnOutput(OutputCode):
         self.none_outputs = list(none_outputs)
         self.seeded = seeded
         self.format = _FORMAT
+        self.package = _package_hash()
         # torch.compile's mode and kiln's dynamic flag, for a load outside a
         # kiln() call (torch's precompile loads entries at torch.compile)
         self.mode = settings.torch_mode if settings is not None else None
@@ -119,7 +121,8 @@ class KilnOutput(OutputCode):
     def current(self):
         """False for an entry this version of kiln cannot read (torch's
         precompile cache is keyed by the model's code, not kiln's)."""
-        return getattr(self, "format", None) == _FORMAT and self.data is not None
+        return (getattr(self, "format", None) == _FORMAT and self.data is not None
+                and getattr(self, "package", None) == _package_hash())
 
     def eager(self):
         """The runner of the kept ATen graph (None when there is none)."""
@@ -151,11 +154,14 @@ class KilnOutput(OutputCode):
 
 def _reduce_gm(gm):
     """gm as torch pickles the backward module it keeps in an entry
-    (serialize_graph_module): its code and attributes, no node metadata
-    (fake tensors). gm itself is left as it is."""
-    g = torch.fx.GraphModule(gm, gm.graph)
-    g.meta = {}
-    fn, args = g.__reduce__()
+    (serialize_graph_module): its code and attributes, without its meta
+    (fake tensors; node metadata is not in the reduction). gm keeps its own."""
+    meta = gm.meta
+    gm.meta = {}
+    try:
+        fn, args = gm.__reduce__()
+    finally:
+        gm.meta = meta
     return fn, args
 
 
@@ -167,7 +173,7 @@ def _tensor_bytes(t):
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def _kiln_key(gm, example_inputs, config):
@@ -188,10 +194,18 @@ def _kiln_key(gm, example_inputs, config):
         for n in mod.graph.nodes:
             if isinstance(n.target, torch._ops.HigherOrderOperator):
                 return None
+            if n.op == "get_attr":
+                # a tensor or a submodule is hashed below; anything else
+                # (a script object, ...) is left to torch's key
+                v = mod
+                for part in str(n.target).split("."):
+                    v = getattr(v, part, None)
+                if not isinstance(v, (torch.Tensor, torch.fx.GraphModule)):
+                    return None
             tags = {k: n.meta[k] for k in ("recompute", "ac_graph_id", "partitioner_tag",
-                                            "custom") if k in n.meta}
+                                            "custom", "user_cache_hash") if k in n.meta}
             if tags:
-                put("meta", n.name, sorted(tags.items()))
+                put("meta", n.name, sorted(tags.items(), key=lambda kv: kv[0]))
     for name, t in sorted(list(gm.named_parameters()) + list(gm.named_buffers())):
         put("tensor", name, extract_tensor_metadata_for_cache_key(t), _tensor_bytes(t))
     for k, v in sorted(gm.__dict__.items()):
@@ -200,15 +214,28 @@ def _kiln_key(gm, example_inputs, config):
     for x in example_inputs:
         if isinstance(x, torch.Tensor):
             put("input", type(x).__name__, extract_tensor_metadata_for_cache_key(x))
+        elif isinstance(x, (torch.SymFloat, torch.SymBool)):
+            return None  # torch's entry guards cover backed SymInts only
         else:
             put("input", type(x).__name__, str(x))
+    cfg = torch._functorch.config
+    if getattr(cfg, "joint_custom_pass", None) is not None:
+        return None
+    uuids = getattr(_ac, "_get_custom_estimator_solver_uuids", None)
+    if uuids is not None:
+        put("partitioner", uuids(cfg))
+    elif (getattr(cfg, "activation_memory_budget_runtime_estimator", None) is not None
+          or getattr(cfg, "activation_memory_budget_solver", None) is not None):
+        return None
     put("aot", config.num_params_buffers, config.keep_inference_input_mutations,
         config.is_export, config.no_tangents, config.dynamic_shapes,
         config.aot_autograd_arg_pos_to_source, config.pre_dispatch)
     put("config", torch._functorch.config.save_config())
     put("modes", torch.is_grad_enabled(), torch._C._is_any_autocast_enabled(),
+        torch.get_autocast_dtype("cpu"), torch.get_default_dtype(),
         torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled())
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory)
     put("torch", torch.__version__, torch.version.git_version, _tls.tag)
     return "a" + h.hexdigest()
 
@@ -235,16 +262,37 @@ def _install():
     return True
 
 
-@contextlib.contextmanager
-def kiln_keys(settings):
-    """Around kiln's AOTAutograd call: its cache entries are found and saved
-    under kiln's key and tag."""
+def patches(settings):
+    """The context around kiln's AOTAutograd call that puts its graphs in
+    torch's cache. Raises (the caller then leaves the cache alone) where
+    torch's local AOTAutograd cache is not in use or lacks a piece; builds
+    everything that can fail before anything is patched.
+
+    bundled: the entry holds kiln's KilnOutput itself (not an FX graph
+    cache key); non-lazy backward: the entry is written while the patches
+    hold (a lazy backward compiles, and saves, after they end)."""
+    if not _ac.should_use_local_autograd_cache():
+        raise RuntimeError("torch's AOTAutograd cache is off")
+    if not torch._inductor.config.fx_graph_cache:
+        raise RuntimeError("torch's FX graph cache is off (AOTAutograd's cache needs it)")
+    cfg = torch._functorch.config
+    for name in ("bundled_autograd_cache", "force_non_lazy_backward_lowering"):
+        if not hasattr(cfg, name):
+            raise RuntimeError(f"torch._functorch.config has no {name}")
     tag = cache_tag(settings)
-    _install()
+    if not _install():
+        raise RuntimeError("torch has no autograd_cache_key")
+    return _patched(tag)
+
+
+@contextlib.contextmanager
+def _patched(tag):
     prior = getattr(_tls, "tag", None)
     _tls.tag = tag
     try:
-        with torch.compiler.config.patch(cache_key_tag=tag):
+        with torch._functorch.config.patch(bundled_autograd_cache=True,
+                                           force_non_lazy_backward_lowering=True), \
+                torch.compiler.config.patch(cache_key_tag=tag):
             yield
     finally:
         _tls.tag = prior

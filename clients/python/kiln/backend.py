@@ -338,7 +338,13 @@ def _load(data, none_outputs, seeded, settings, kind, rec, graph=None):
         f.record = rec
         raise f from e
     t2 = time.perf_counter()
-    mod = Module(art, none_outputs)
+    try:
+        mod = Module(art, none_outputs)
+    except KilnError as e:
+        rec["why"] = f"load: {e}"
+        f = _Fallback(f"the {kind} graph's artifact cannot be loaded: {e}", "internal")
+        f.record = rec
+        raise f from e
     mod._kiln_seeded = seeded
     t3 = time.perf_counter()
     steps = mod._steps
@@ -401,37 +407,68 @@ def _load_cached(out):
     AOTAutograd traces as on a miss."""
     settings = getattr(_tls, "settings", None)
     precompiled = settings is None
-    if precompiled:  # torch's precompile, at torch.compile(): the entry's own
+    if precompiled:
+        # torch's precompile, at torch.compile(): the entry's mode and
+        # dynamic flag, the rest (socket, priority, strict) from the
+        # environment (torch.compile's options= are not seen here)
         settings = _Settings(getattr(out, "mode", None), None)
         settings.dynamic = getattr(out, "dynamic", None)
     rec = {"kind": out.kind, "nodes": getattr(out, "nodes", None), "source": None,
            "signature": None, "kernels": [], "fallback_ops": [], "export_ms": 0.0,
            "compile_ms": 0.0, "rpc_ms": 0.0, "load_ms": 0.0, "why": None, "aot_cache": True}
-    try:
+    if not precompiled:
+        # inside kiln(): any failure makes torch's cache count a bypass, and
+        # AOTAutograd traces as on a miss
         if not out.current():
             from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
-            if not precompiled:  # the cache counts a bypass; AOTAutograd traces
-                raise BypassAOTAutogradCache("kiln: an entry of another kiln version")
-            raise _Fallback("the entry was written by another version of kiln", "internal")
+            raise BypassAOTAutogradCache("kiln: an entry another version of kiln wrote")
         mod = _load(out.data, out.none_outputs, out.seeded, settings, out.kind, rec)
-    except _Fallback as e:
-        eager = out.eager() if precompiled else None
-        if eager is None or settings.strict:
-            raise
+        _tls_hit(rec)
+        return _kept_runner(out, mod)
+    try:
+        if not out.current():
+            raise _Fallback("the entry was written by another version of kiln (save torch's "
+                            "precompile cache again: python -m kiln warm)", "internal")
+        mod = _load(out.data, out.none_outputs, out.seeded, settings, out.kind, rec)
+        runner = _kept_runner(out, mod)
+    except Exception as e:
         # torch's precompile has no fallback of its own once Dynamo's part
         # is loaded (an exception here fails torch.compile): the ATen graph
         # the entry kept runs eagerly
-        rec.update(source="eager", runs_with="eager", why=str(e))
-        with _state.lock:
-            _state.records.append(rec)
-            _state.counts["graphs"] += 1
-        _warn(settings, ("precompiled", e.code), f"kiln: {e}; this {out.kind} graph (from "
+        f = e if isinstance(e, _Fallback) else _Fallback(f"{type(e).__name__}: {e}", "internal")
+        try:
+            eager = out.eager()
+        except Exception:
+            eager = None
+        if eager is None or settings.strict:
+            raise KilnError(f"kiln: {f}", code=f.code) from e
+        rec.update(source="eager", runs_with="eager", why=str(f))
+        _tls_hit(rec)
+        _warn(settings, ("precompiled", f.code), f"kiln: {f}; this {out.kind} graph (from "
               f"torch's precompile cache) runs eagerly")
         return eager
+    _tls_hit(rec)
+    return runner
+
+
+def _tls_hit(rec):
+    """Counts a graph torch's cache gave back (records(), stats())."""
     with _state.lock:
         _state.records.append(rec)
         _state.counts["graphs"] += 1
         _state.counts["aot_cache"] += 1
+    hits = getattr(_tls, "hits", None)
+    if hits is not None:
+        hits.append(rec)
+
+
+def _kept_runner(out, mod):
+    """The runner of a loaded entry: as on a cold compile, a plan without
+    kernels runs as its ATen graph (when the entry kept it)."""
+    if not mod._kernels:
+        eager = out.eager()
+        if eager is not None:
+            return eager
     return _runner(mod)
 
 
@@ -478,33 +515,25 @@ def kiln(gm, example_inputs, mode=None, options=None):
         _record("dynamo", gm, why).update(source="fallback", runs_with=settings.fallback)
         return _fallback_backend(gm, example_inputs, settings, why, ("down",))
     from torch._dynamo.backends.common import aot_autograd
-    cached = None
-    ctx = contextlib.nullcontext()
-    if settings.aot_cache and not _aot_cache_off:
-        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
-        from . import _aotcache
-        cached = _aotcache.KilnOutput
-
-        def compiler(kind):
-            return SerializableAOTDispatchCompiler(cached, _aten_compiler(settings, kind, cached))
-
-        fw, bw, inf = compiler("forward"), compiler("backward"), compiler("inference")
-        # bundled: the entry holds kiln's KilnOutput itself (not an FX graph
-        # cache key); non-lazy backward: the entry is written while these
-        # patches hold (a lazy backward compiles, and saves, after they end)
-        ctx = contextlib.ExitStack()
-        ctx.enter_context(torch._functorch.config.patch(
-            bundled_autograd_cache=True, force_non_lazy_backward_lowering=True))
-        ctx.enter_context(_aotcache.kiln_keys(settings))
+    use = _aot_cache_use(settings)
+    if use is not None:
+        wrap, cached, ctx = use
+        fw, bw, inf = (wrap(cached, _aten_compiler(settings, k, cached))
+                       for k in ("forward", "backward", "inference"))
     else:
+        ctx = contextlib.nullcontext()
         fw, bw, inf = (_aten_compiler(settings, k, None) for k in ("forward", "backward",
                                                                    "inference"))
     aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inf)
     prior = getattr(_tls, "settings", None)
     _tls.settings = settings
+    _tls.hits = []
+    n0 = len(_state.records)
     try:
         with ctx:
-            return aot(gm, example_inputs)
+            out = aot(gm, example_inputs)
+        _forget_failed_hits(n0)
+        return out
     except Exception as e:
         if _restart is not None and isinstance(e, _restart):
             # Dynamo's own control flow (e.g. a float argument such as
@@ -528,6 +557,45 @@ def kiln(gm, example_inputs, mode=None, options=None):
         return _fallback_backend(gm, example_inputs, settings, str(f), ("graph", f.code, str(f)))
     finally:
         _tls.settings = prior
+        _tls.hits = None
+
+
+def _aot_cache_use(settings):
+    """(SerializableAOTDispatchCompiler, KilnOutput, the patches around
+    kiln's AOTAutograd call) when kiln's graphs go into torch's AOTAutograd
+    cache now, else None: turned off, kiln.explain, a torch without the
+    pieces (never an error), or torch's cache not in use -- then nothing is
+    patched and the backward compiles lazily, as before."""
+    if not settings.aot_cache or _aot_cache_off:
+        return None
+    try:
+        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+        from . import _aotcache
+        return SerializableAOTDispatchCompiler, _aotcache.KilnOutput, _aotcache.patches(settings)
+    except Exception as e:  # ImportError, a torch without these configs, ...
+        log.info("kiln: torch's AOTAutograd cache is not used: %s: %s", type(e).__name__, e)
+        return None
+
+
+def _forget_failed_hits(n0):
+    """After kiln's AOTAutograd call: when some graphs came back from torch's
+    cache but the entry as a whole could not be used (a later graph of it
+    failed to load, so AOTAutograd traced and compiled them all again), the
+    records and counts of those first loads are dropped: each graph is
+    counted once, as what ran."""
+    hits = getattr(_tls, "hits", None) or []
+    new = _state.records[n0:]
+    if not hits or all(r.get("aot_cache") for r in new):
+        return
+    with _state.lock:
+        for rec in hits:
+            if rec in _state.records:
+                _state.records.remove(rec)
+                _state.counts["graphs"] -= 1
+                _state.counts["aot_cache"] -= 1
+                src = rec.get("source")
+                if src in _state.counts and src not in ("graphs", "aot_cache"):
+                    _state.counts[src] -= 1
 
 
 try:

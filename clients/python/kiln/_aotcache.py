@@ -29,10 +29,12 @@ AOTAutograd's tracing of most models. While kiln's AOTAutograd call runs
 every op of the graph is one whose meaning its name fixes
 (``check_cacheable``), then a hash of the graph's code (and its
 submodules'), its tensor attributes, the inputs' tensor metadata (torch's
-``extract_tensor_metadata_for_cache_key``), the AOTAutograd config and the
-fields of AOTConfig torch's key reads, grad and autocast modes,
-deterministic algorithms, torch's version and kiln's tag. A graph with
-higher-order ops gets torch's key. Dynamic shapes keep torch's guards:
+``extract_tensor_metadata_for_cache_key``), the AOTAutograd config, the
+partitioner's estimator and solver, the fields of AOTConfig torch's key
+reads, the grad, autocast (and its dtype), default-dtype and determinism
+modes, torch's version and kiln's tag. A graph with higher-order ops,
+non-tensor attributes, SymFloat/SymBool inputs or a joint custom pass
+gets torch's key. Dynamic shapes keep torch's guards:
 the entry's guard expressions are checked on lookup as before.
 """
 import contextlib

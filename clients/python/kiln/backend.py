@@ -188,12 +188,16 @@ class _Fallback(Exception):
         self.code = code
 
 
+def _new_record(kind, nodes, why=None):
+    """The fields of a records() entry, before anything is known."""
+    return {"kind": kind, "nodes": nodes, "source": None, "signature": None, "kernels": [],
+            "fallback_ops": [], "export_ms": 0.0, "compile_ms": 0.0, "rpc_ms": 0.0,
+            "load_ms": 0.0, "why": why}
+
+
 def _record(kind, gm, why=None):
     """A new entry of records() (and the graphs counter), under the lock."""
-    rec = {"kind": kind, "nodes": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
-           "source": None, "signature": None, "kernels": [], "fallback_ops": [],
-           "export_ms": 0.0, "compile_ms": 0.0, "rpc_ms": 0.0, "load_ms": 0.0,
-           "why": why}
+    rec = _new_record(kind, sum(1 for n in gm.graph.nodes if n.op == "call_function"), why)
     with _state.lock:
         _state.records.append(rec)
         _state.counts["graphs"] += 1
@@ -294,18 +298,24 @@ def _compile_aten(gm, example_inputs, settings, kind):
     try:
         graph = export_graph(gm, example_inputs)
     except ExportError as e:
-        rec["why"] = f"export: {e}"
-        f = _Fallback(f"the {kind} graph cannot be exported to Graph v1: {e}", "unsupported_op")
-        f.record = rec
-        raise f from e
+        raise _fallback(rec, f"export: {e}",
+                        f"the {kind} graph cannot be exported to Graph v1: {e}",
+                        "unsupported_op") from e
     data = dumps(graph)
     t1 = time.perf_counter()
     rec["export_ms"] = (t1 - t0) * 1e3
     mod = _load(data, graph.get("none_outputs", []), seeded is not None, settings, kind, rec,
                 graph)
-    mod._kiln_data = data
-    mod._kiln_none = graph.get("none_outputs", [])
+    mod._kiln_data = data  # (what torch's AOTAutograd cache keeps of it)
     return mod
+
+
+def _fallback(rec, why, msg, code):
+    """The _Fallback for msg, carrying rec (whose why it sets)."""
+    rec["why"] = why
+    f = _Fallback(msg, code)
+    f.record = rec
+    return f
 
 
 def _load(data, none_outputs, seeded, settings, kind, rec, graph=None):
@@ -326,25 +336,21 @@ def _load(data, none_outputs, seeded, settings, kind, rec, graph=None):
         art, sig, source, cms = client.compile(data, settings.mode, settings.dynamic,
                                                settings.priority)
     except KilnError as e:
-        rec["why"] = f"{e.code}: {e}"
         if e.code in _GRAPH_CODES:
             node = ""
             nodes = (graph or {}).get("nodes", [])
             if e.node is not None and 0 <= e.node < len(nodes):
                 node = f" (node {e.node}: {nodes[e.node].get('op')})"
-            f = _Fallback(f"kilnd cannot compile the {kind} graph{node}: {e}", e.code)
+            msg = f"kilnd cannot compile the {kind} graph{node}: {e}"
         else:
-            f = _Fallback(f"kilnd is not available ({e.code}): {e}", e.code)
-        f.record = rec
-        raise f from e
+            msg = f"kilnd is not available ({e.code}): {e}"
+        raise _fallback(rec, f"{e.code}: {e}", msg, e.code) from e
     t2 = time.perf_counter()
     try:
         mod = Module(art, none_outputs)
     except KilnError as e:
-        rec["why"] = f"load: {e}"
-        f = _Fallback(f"the {kind} graph's artifact cannot be loaded: {e}", "internal")
-        f.record = rec
-        raise f from e
+        raise _fallback(rec, f"load: {e}", f"the {kind} graph's artifact cannot be loaded: {e}",
+                        "internal") from e
     mod._kiln_seeded = seeded
     t3 = time.perf_counter()
     steps = mod._steps
@@ -382,7 +388,7 @@ def _aten_compiler(settings, kind, cached):
         else:
             runner = _runner(mod)
         if cached:
-            return cached(runner, kind, mod._kiln_data, mod._kiln_none, mod._kiln_seeded,
+            return cached(runner, kind, mod._kiln_data, mod.none_outputs, mod._kiln_seeded,
                           settings, gm)
         return runner
 
@@ -413,9 +419,7 @@ def _load_cached(out):
         # environment (torch.compile's options= are not seen here)
         settings = _Settings(getattr(out, "mode", None), None)
         settings.dynamic = getattr(out, "dynamic", None)
-    rec = {"kind": out.kind, "nodes": getattr(out, "nodes", None), "source": None,
-           "signature": None, "kernels": [], "fallback_ops": [], "export_ms": 0.0,
-           "compile_ms": 0.0, "rpc_ms": 0.0, "load_ms": 0.0, "why": None, "aot_cache": True}
+    rec = dict(_new_record(out.kind, getattr(out, "nodes", None)), aot_cache=True)
     if not precompiled:
         # inside kiln(): any failure makes torch's cache count a bypass, and
         # AOTAutograd traces as on a miss
@@ -423,7 +427,7 @@ def _load_cached(out):
             from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
             raise BypassAOTAutogradCache("kiln: an entry another version of kiln wrote")
         mod = _load(out.data, out.none_outputs, out.seeded, settings, out.kind, rec)
-        _tls_hit(rec)
+        _count_hit(rec)
         return _kept_runner(out, mod)
     try:
         if not out.current():
@@ -443,15 +447,15 @@ def _load_cached(out):
         if eager is None or settings.strict:
             raise KilnError(f"kiln: {f}", code=f.code) from e
         rec.update(source="eager", runs_with="eager", why=str(f))
-        _tls_hit(rec)
+        _count_hit(rec)
         _warn(settings, ("precompiled", f.code), f"kiln: {f}; this {out.kind} graph (from "
               f"torch's precompile cache) runs eagerly")
         return eager
-    _tls_hit(rec)
+    _count_hit(rec)
     return runner
 
 
-def _tls_hit(rec):
+def _count_hit(rec):
     """Counts a graph torch's cache gave back (records(), stats())."""
     with _state.lock:
         _state.records.append(rec)

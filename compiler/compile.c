@@ -9,6 +9,7 @@
  * optimize and emit them; the objects are linked into one .so. Nothing LLVM is
  * shared between threads, within a compile or between two compilers.
  */
+#include "clients/libkiln/kiln.h"
 #include "compiler/cpu.h"
 #include "compiler/lower.h"
 
@@ -41,6 +42,9 @@ static void probe_blas(kiln_compiler_t *c)
 	c->blas[0] = '\0';
 	if (strcmp(cand, "none") == 0)
 		return;
+	/* OpenBLAS chooses its kernels as it loads, here for every product
+	 * max-autotune runs in this process (libkiln blas.c) */
+	kiln_blas_prepare();
 	void *h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL)
 		return;

@@ -109,6 +109,17 @@ static void profile_run(kiln_module_t *m, const kiln_artifact_t *a,
 		steps += row[s].ms;
 	}
 	qsort(row, ns, sizeof(*row), cmp_prof);
+	/* the kernels' BLAS, where a product loaded it (blas.c) */
+	const char *core = kiln_blas_corename(getenv("KILN_BLAS"));
+	if (core != NULL) {
+		const char *set = kiln_blas_prepare();
+		fprintf(out, "blas: OpenBLAS, %s kernels (%s)\n", core,
+			set != NULL ? "OPENBLAS_CORETYPE set by kiln from the "
+				      "CPU's features"
+			: getenv("OPENBLAS_CORETYPE") != NULL
+			    ? "OPENBLAS_CORETYPE as given"
+			    : "OpenBLAS's own choice");
+	}
 	fprintf(out,
 		"profile: %.3f ms per run over %d runs, %.3f ms in %u steps\n"
 		"  step  kernel              ms       %%\n",

@@ -396,6 +396,38 @@ int kiln_compile_and_load(kiln_client_t *c, const kiln_graph_t *g,
  */
 int kiln_metrics_format(const msgpack_object *stats, char **out, size_t *len);
 
+/* ======================================================================== */
+/* 5. BLAS                                                                   */
+/* ======================================================================== */
+
+/*
+ * Kernels call BLAS (OpenBLAS by default, KILN_BLAS) for the matrix products
+ * kiln's GEMM template does not take. OpenBLAS picks its kernels once, when
+ * it is loaded: from $OPENBLAS_CORETYPE, else from the CPU's model number,
+ * and 0.3.21 (Debian 12) runs its SSE3 "Prescott" kernels on a model it
+ * does not know (most VMs, recent Xeons): 2-5x slower on AVX-512 machines.
+ *
+ * kiln_blas_prepare sets OPENBLAS_CORETYPE to kiln_blas_coretype(), once
+ * per process, unless it is set already (the user's choice wins) or
+ * OpenBLAS is loaded already (it has chosen). It is left set, for the
+ * kernels' own load of OpenBLAS at their first product and for child
+ * processes. kiln_module_from_artifact calls it before loading CPU code, the
+ * compiler before it probes BLAS. Returns the value it set, or NULL where it
+ * set nothing. Thread-safe (pthread_once; setenv, like any, races with a
+ * getenv of another thread's that runs at that moment, which glibc's
+ * setenv, never freeing the old environment, keeps harmless).
+ */
+const char *kiln_blas_prepare(void);
+
+/* The newest OpenBLAS x86-64 core the CPU's features allow: "SkylakeX"
+ * (AVX-512 F, CD, BW, DQ, VL), "Haswell" (AVX2, FMA), else NULL. */
+const char *kiln_blas_coretype(void);
+
+/* The core of the OpenBLAS at path (NULL: libopenblas.so.0), as its
+ * openblas_get_corename says ("SkylakeX", "Prescott"), if it is loaded in
+ * this process; NULL if it is not loaded or is not OpenBLAS. */
+const char *kiln_blas_corename(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

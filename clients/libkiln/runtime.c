@@ -276,6 +276,8 @@ int kiln_module_from_artifact(kiln_artifact_t *a, kiln_module_t **out,
 		 3 * (size_t)a->n_buffers + a->n_inputs + m->max_kbufs) +
 	    sizeof(kiln_tensor_t) * a->n_views + align8(a->n_out_buffers);
 	if (a->n_kernels > 0) {
+		/* before any kernel can load OpenBLAS (blas.c) */
+		kiln_blas_prepare();
 		int rc = load_code(m, err, errlen);
 		if (rc != 0) {
 			kiln_module_free(m);

@@ -6,8 +6,8 @@ JSON line: the source and signature of each graph, and the losses.
 
 The line also has kiln.backend.stats(), which graphs came from torch's
 AOTAutograd cache (aot), Dynamo's AOTAutograd counters (aot_counters), the
-graphs Dynamo traced, and the KilnWarnings when KILN_CHILD_WARNINGS=1 (else
-one is an error). KILN_CHILD_SAVE_PRECOMPILE=1: save torch's precompile
+graphs Dynamo traced, the KilnWarnings when KILN_CHILD_WARNINGS=1 (else
+one is an error), and the kernels OpenBLAS ran (blas). KILN_CHILD_SAVE_PRECOMPILE=1: save torch's precompile
 cache at the end (torch.compiler.save_cache_artifacts).
 """
 import json
@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "clients
 sys.path.insert(0, HERE)
 
 import kiln.backend as kb  # noqa: E402
+from kiln.runtime import blas_core  # noqa: E402
 
 
 def model(name):
@@ -65,7 +66,7 @@ def main():
                       "aot": [bool(r.get("aot_cache")) for r in recs], "stats": kb.stats(),
                       "aot_counters": dict(counters["aot_autograd"]),
                       "dynamo_graphs": int(counters["stats"]["unique_graphs"]),
-                      "warnings": warned}))
+                      "warnings": warned, "blas": blas_core()}))
 
 
 if __name__ == "__main__":

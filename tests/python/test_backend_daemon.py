@@ -77,6 +77,20 @@ def test_second_process_gets_the_cache_and_nothing_compiles(daemons):
     assert third["losses"] == first["losses"]
 
 
+def test_products_run_openblas_with_the_kernels_the_cpu_allows(daemons):
+    # mlp's products are small: BLAS's. OpenBLAS 0.3.21 takes this image's
+    # CPU model for a Prescott (SSE3) unless told; libkiln tells it
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        pytest.skip("OPENBLAS_CORETYPE is set here: kiln leaves it")
+    from kiln.runtime import lib
+    want = lib().kiln_blas_coretype()
+    daemons.use(daemons.start("a"))
+    r = _child("train", "mlp")
+    assert r["blas"] is not None, r  # a product loaded OpenBLAS
+    if want is not None:
+        assert r["blas"].lower() == want.decode().lower(), r
+
+
 # ---- torch's AOTAutograd cache: a warm start does not trace again ------------------
 
 def test_a_warm_process_skips_aotautograd_and_kilnd_answers(daemons, tmp_path):

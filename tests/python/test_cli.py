@@ -199,6 +199,13 @@ def test_explain_model_prints_graphs_kernels_and_time(kiln_daemon):
     for row in ("time (ms):", "first call", "Dynamo + AOTAutograd tracing", "kilnd round trips",
                 "first run", "steady step (median of 2)"):
         assert row in out, out
+    # mlp's products are BLAS's: which kernels OpenBLAS ran
+    from kiln.runtime import lib
+    want = lib().kiln_blas_coretype()
+    if want is not None and not os.environ.get("OPENBLAS_CORETYPE"):
+        assert f"blas: OpenBLAS with its {want.decode()} kernels" in out, out
+    else:
+        assert "blas: OpenBLAS with its " in out, out
 
 
 def test_explain_in_process_sources_and_cache_hits(kiln_daemon):

@@ -304,6 +304,14 @@ def fallback_text(g):
     return f"fallback, runs with {who}" if who else "fallback"
 
 
+def _blas_core():
+    try:
+        from .runtime import blas_core
+        return blas_core()
+    except Exception:  # no libkiln here: nothing ran
+        return None
+
+
 class Report:
     """What kiln did. graphs: list of dicts (see graph_info), totals: dict,
     times: dict of ms (keys below; a missing one was not measured),
@@ -330,11 +338,13 @@ class Report:
         self.dynamo_graphs = dynamo_graphs
         self.steps = steps
         self.total_label = total_label
+        # the kernels OpenBLAS runs, once a product has loaded it
+        self.blas = _blas_core()
 
     def as_dict(self):
         return {"title": self.title, "graphs": self.graphs, "totals": self.totals,
                 "times": self.times, "graph_breaks": self.graph_breaks,
-                "dynamo_graphs": self.dynamo_graphs}
+                "dynamo_graphs": self.dynamo_graphs, "blas": self.blas}
 
     def __repr__(self):
         t = self.totals
@@ -395,6 +405,8 @@ class Report:
             out.append(line)
         if "step" in tm:
             out.append(f"  {'steady step (median of %d)' % self.steps:<34}{tm['step']:>10.2f}")
+        if self.blas:
+            out += ["", f"blas: OpenBLAS with its {self.blas} kernels"]
         return "\n".join(out)
 
     @staticmethod

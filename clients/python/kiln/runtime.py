@@ -190,11 +190,26 @@ def lib():
                                        ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
                                        ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
                                        ctypes.c_size_t]
+        L.kiln_blas_corename.argtypes = [ctypes.c_char_p]
+        L.kiln_blas_corename.restype = ctypes.c_char_p
+        L.kiln_blas_coretype.argtypes = []
+        L.kiln_blas_coretype.restype = ctypes.c_char_p
         L.kiln_err_wire_name.argtypes = [ctypes.c_int]
         L.kiln_err_wire_name.restype = ctypes.c_char_p
         _libc.free.argtypes = [ctypes.c_void_p]
         _lib = L
     return _lib
+
+
+def blas_core():
+    """The kernels the OpenBLAS kiln's products call runs in this process
+    ("SkylakeX", "Haswell"), once a product has loaded it; None before
+    that, or where the BLAS is not OpenBLAS. libkiln sets
+    OPENBLAS_CORETYPE from the CPU's features before loading any kernel
+    (clients/libkiln/README.md, BLAS), unless it is set already."""
+    path = os.environ.get("KILN_BLAS")
+    r = lib().kiln_blas_corename(path.encode() if path else None)
+    return r.decode() if r else None
 
 
 def eval_expr(expr, env):

@@ -1,5 +1,5 @@
 /*
- * blas.c — OpenBLAS's choice of kernels (kiln.h § 3).
+ * blas.c — OpenBLAS's choice of kernels (kiln.h § 5).
  *
  * Kernels call BLAS (cblas_?gemm, OpenBLAS by default) for the matrix
  * products the GEMM template does not take. OpenBLAS built with
@@ -11,9 +11,9 @@
  * its SkylakeX kernels (clients/libkiln/README.md § BLAS).
  *
  * kiln_blas_prepare therefore sets OPENBLAS_CORETYPE, where nobody has,
- * before the first kernel of a process can load OpenBLAS: to the newest of
- * OpenBLAS's x86-64 cores that the CPU's features (cpuid, and the OS's
- * saved state, as __builtin_cpu_supports reads them) allow. It is left set,
+ * before the first kernel of a process can load OpenBLAS: to SkylakeX or
+ * Haswell, as the CPU's features (cpuid, and the OS's saved state, as
+ * __builtin_cpu_supports reads them) allow. It is left set,
  * so the kernels' own dlopen (codegen.c blas_fn, at the first product) and
  * any child process see it.
  */
@@ -51,10 +51,15 @@ static void prepare(void)
 		return; /* the user's choice */
 	/* loaded already: it has chosen, and setting it would only leak
 	 * into child processes */
-	void *h = dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_NOLOAD);
-	if (h != NULL) {
-		dlclose(h);
-		return;
+	const char *paths[2] = {"libopenblas.so.0", getenv("KILN_BLAS")};
+	for (int i = 0; i < 2; i++) {
+		void *h = paths[i] != NULL
+			      ? dlopen(paths[i], RTLD_LAZY | RTLD_NOLOAD)
+			      : NULL;
+		if (h != NULL) {
+			dlclose(h);
+			return;
+		}
 	}
 	const char *core = kiln_blas_coretype();
 	if (core != NULL && setenv("OPENBLAS_CORETYPE", core, 0) == 0)

@@ -409,23 +409,29 @@ int kiln_metrics_format(const msgpack_object *stats, char **out, size_t *len);
  *
  * kiln_blas_prepare sets OPENBLAS_CORETYPE to kiln_blas_coretype(), once
  * per process, unless it is set already (the user's choice wins) or
- * OpenBLAS is loaded already (it has chosen). It is left set, for the
- * kernels' own load of OpenBLAS at their first product and for child
- * processes. kiln_module_from_artifact calls it before loading CPU code, the
- * compiler before it probes BLAS. Returns the value it set, or NULL where it
- * set nothing. Thread-safe (pthread_once; setenv, like any, races with a
- * getenv of another thread's that runs at that moment, which glibc's
- * setenv, never freeing the old environment, keeps harmless).
+ * OpenBLAS (libopenblas.so.0, or $KILN_BLAS) is loaded already (it has
+ * chosen). It is left set, for the kernels' own load of OpenBLAS at their
+ * first product and for child processes. kiln_module_from_artifact calls it
+ * before loading CPU code, the compiler before it probes BLAS. Returns the
+ * value it set, or NULL where it set nothing. Once per process
+ * (pthread_once), but setenv itself is not safe against a getenv or setenv
+ * of another thread running at the same moment: a program with threads of
+ * its own that read the environment calls it early (the Python runtime
+ * loads modules holding the GIL).
  */
 const char *kiln_blas_prepare(void);
 
-/* The newest OpenBLAS x86-64 core the CPU's features allow: "SkylakeX"
- * (AVX-512 F, CD, BW, DQ, VL), "Haswell" (AVX2, FMA), else NULL. */
+/* The OpenBLAS core kiln asks for, by the CPU's features: "SkylakeX"
+ * (AVX-512 F, CD, BW, DQ, VL; its sgemm/dgemm kernels are also those of
+ * Cooperlake and SapphireRapids), "Haswell" (AVX2, FMA), else NULL (and
+ * NULL off x86-64). */
 const char *kiln_blas_coretype(void);
 
 /* The core of the OpenBLAS at path (NULL: libopenblas.so.0), as its
  * openblas_get_corename says ("SkylakeX", "Prescott"), if it is loaded in
- * this process; NULL if it is not loaded or is not OpenBLAS. */
+ * this process; NULL if it is not loaded or is not OpenBLAS. The string
+ * is OpenBLAS's: valid while the library stays loaded (a kernel's or the
+ * caller's reference). */
 const char *kiln_blas_corename(const char *path);
 
 #ifdef __cplusplus

@@ -37,6 +37,13 @@ static bool openblas_installed(void)
 	return false;
 }
 
+#if !defined(__x86_64__)
+Test(blas, no_coretype_off_x86_64)
+{
+	cr_expect_null(kiln_blas_coretype());
+	cr_expect_null(kiln_blas_prepare());
+}
+#else
 Test(blas, coretype_follows_the_cpus_features)
 {
 	const char *c = kiln_blas_coretype();
@@ -120,3 +127,4 @@ Test(blas, corename_of_what_is_not_openblas_is_null)
 	cr_expect_null(kiln_blas_corename("libm.so.6"));
 	dlclose(h);
 }
+#endif /* __x86_64__ */

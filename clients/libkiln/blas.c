@@ -6,9 +6,9 @@
  * DYNAMIC_ARCH (Debian's) picks its kernels once, when it is loaded: from
  * $OPENBLAS_CORETYPE where that is set, else from the CPU's family and
  * model numbers. Version 0.3.21 (Debian 12) takes a model it does not know
- * for a Prescott and runs SSE3 kernels: so on this image's VMs ("Intel(R)
- * Xeon(R) Processor", AVX-512), where sgemm measured 2-5x slower than with
- * its SkylakeX kernels (clients/libkiln/README.md § BLAS).
+ * for a Prescott and runs SSE3 kernels. It does so on this image's VMs
+ * ("Intel(R) Xeon(R) Processor", AVX-512), where sgemm measured 2-5x slower
+ * than with its SkylakeX kernels (clients/libkiln/README.md § BLAS).
  *
  * kiln_blas_prepare therefore sets OPENBLAS_CORETYPE, where nobody has,
  * before the first kernel of a process can load OpenBLAS: to SkylakeX or
@@ -22,7 +22,6 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <string.h>
 
 static pthread_once_t prepare_once = PTHREAD_ONCE_INIT;
 static const char *prepared; /* the value set, or NULL */

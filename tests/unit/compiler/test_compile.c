@@ -1071,9 +1071,16 @@ Test(autotune, convolution_template_is_chosen_by_measurement, .timeout = 300)
 	 * forms are timed: that node becomes their epilogue */
 	cc.epilogue = true;
 	check_conv_case(kc, &cc, "max-autotune", &rep);
-	cr_expect(strstr(rep, "chosen by measurement (max-autotune): tiled "
-			      "im2col ") != NULL,
-		  "%s", rep);
+	/* without AVX-512 the two tiled forms build the same kernels (BLAS
+	 * on the tiles): one variant, nothing to measure */
+	if (__builtin_cpu_supports("avx512f"))
+		cr_expect(strstr(rep, "chosen by measurement (max-autotune): "
+				      "tiled im2col ") != NULL,
+			  "%s", rep);
+	else
+		cr_expect(strstr(rep, "max-autotune") == NULL &&
+			      strstr(rep, "im2col tiles + BLAS") != NULL,
+			  "%s", rep);
 	cr_expect(strstr(rep, "whole-image") == NULL, "%s", rep);
 	cr_expect(strstr(rep, "epilogue kiln_k1 on each tile") != NULL, "%s",
 		  rep);

@@ -498,6 +498,24 @@ def test_the_package_declares_the_entry_point(tmp_path):
     assert lookup_backend("kiln") is kiln.backend.kiln
 
 
+@pytest.mark.parametrize("first", ["kiln", "torch"])
+def test_the_backend_is_found_whichever_is_imported_first(first):
+    """Importing kiln.backend registers it with Dynamo, so torch.compile's
+    lookup of "kiln" does not import Dynamo's other backends and scan the
+    entry points; where Dynamo looked the name up first, through the entry
+    point, the import does not register it twice."""
+    lookup = ("import torch._dynamo.backends.registry as R\n"
+              "f = R.lookup_backend('kiln')\n")
+    code = ("import torch, torch._dynamo\n"
+            + ("import kiln.backend as kb\n" + lookup if first == "kiln"
+               else lookup + "import kiln.backend as kb\n")
+            + "print(f is kb.kiln, R._lazy_import.cache_info().currsize)\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "clients", "python")))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == (["True", "0"] if first == "kiln" else ["True", "1"])
+
+
 def test_a_graph_without_kernels_runs_as_its_aten_graph(daemons):
     """eval() TransformerEncoderLayer is one fused ATen op kiln has no
     kernel for: the plan would be a single fallback step plus copies, so the

@@ -254,7 +254,11 @@ int cpu_optimize(cpu_target_t *t, LLVMTargetMachineRef tm, LLVMModuleRef m,
 	const char *ur = getenv("KILN_LLVM_UNROLL");
 	if (ur != NULL)
 		LLVMPassBuilderOptionsSetLoopUnrolling(o, ur[0] == '1');
-	LLVMErrorRef e = LLVMRunPasses(m, "default<O3>", tm, o);
+	/* KILN_LLVM_PASSES: another pipeline (opt's -passes syntax), for
+	 * measuring one against O3 */
+	const char *pl = getenv("KILN_LLVM_PASSES");
+	LLVMErrorRef e = LLVMRunPasses(
+	    m, pl != NULL && pl[0] != '\0' ? pl : "default<O3>", tm, o);
 	LLVMDisposePassBuilderOptions(o);
 	if (e != NULL) {
 		char *em = LLVMGetErrorMessage(e);

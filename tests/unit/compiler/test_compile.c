@@ -1559,6 +1559,40 @@ Test(settings, a_linker_that_cannot_run_is_a_clear_error)
 	unsetenv("KILN_LINKER");
 }
 
+/* KILN_LLVM_PASSES: a pipeline LLVM cannot parse fails the compile with
+ * LLVM's message; one it can (O2) compiles a graph that runs. */
+Test(settings, llvm_passes_override)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	one_node(&b, "aten.add.Tensor", 3, 4, 3, 4, 3, 4, 0, NULL);
+	kiln_graph_t *g = graph_from_json_like("add", &b.sb);
+	char err[512];
+	kiln_artifact_t *a = NULL;
+	kiln_compile_stats_t st;
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	strcpy(opts.mode, "default");
+	setenv("KILN_LLVM_PASSES", "no-such-pass", 1);
+	int rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+	cr_expect_eq(rc, KILN_ECOMPILE, "rc %d: %s", rc, err);
+	cr_expect_null(a);
+	cr_expect(strstr(err, "LLVM passes") != NULL &&
+		      strstr(err, "no-such-pass") != NULL,
+		  "%s", err);
+	setenv("KILN_LLVM_PASSES", "default<O2>", 1);
+	rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+	cr_expect_eq(rc, 0, "rc %d: %s", rc, err);
+	cr_expect_not_null(a);
+	if (a != NULL)
+		cr_expect_gt(a->n_kernels, 0u);
+	kiln_artifact_free(a);
+	unsetenv("KILN_LLVM_PASSES");
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
 /* kiln.dropout with invalid arguments (tests/data/bad/kiln_dropout_*,
  * the interpreter's rejection cases): the compiler's lowering rejects
  * each as the interpreter does, naming the node and the argument. */

@@ -1560,7 +1560,7 @@ Test(settings, a_linker_that_cannot_run_is_a_clear_error)
 }
 
 /* KILN_LLVM_PASSES: a pipeline LLVM cannot parse fails the compile with
- * LLVM's message; one it can (O2) compiles a graph that runs. */
+ * LLVM's message; one it can (O2) compiles the graph. */
 Test(settings, llvm_passes_override)
 {
 	kiln_compiler_t *kc = new_compiler();

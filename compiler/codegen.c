@@ -1625,8 +1625,37 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			LLVMBuildBr(g->b, bj);
 			LLVMPositionBuilderAtEnd(g->b, bs);
 			memo_clear(g);
+			LLVMValueRef from = j0;
+			/* a partial block: W/2, then W/4 rows at once where
+			 * that many are left (the depthwise convolutions'
+			 * late layers: rows of 8 and 4 at 16 lanes), down to
+			 * 4 lanes; the rest one at a time */
+			for (int hw = W / 2; hw >= 4; hw /= 2) {
+				LLVMValueRef hv =
+				    LLVMConstInt(g->i64, (uint64_t)hw, 0);
+				LLVMValueRef j1 =
+				    LLVMBuildAdd(g->b, from, hv, "");
+				LLVMValueRef fits =
+				    LLVMBuildICmp(g->b, LLVMIntSLE, j1, nv, "");
+				LLVMBasicBlockRef bh =
+				    LLVMAppendBasicBlockInContext(g->ctx, g->fn,
+								  "part");
+				LLVMBasicBlockRef bt =
+				    LLVMAppendBasicBlockInContext(g->ctx, g->fn,
+								  "rest");
+				LLVMValueRef at = from;
+				from =
+				    LLVMBuildSelect(g->b, fits, j1, from, "");
+				LLVMBuildCondBr(g->b, fits, bh, bt);
+				LLVMPositionBuilderAtEnd(g->b, bh);
+				g->var[v] = at;
+				gen_row_unit(g, hw, false);
+				LLVMBuildBr(g->b, bt);
+				LLVMPositionBuilderAtEnd(g->b, bt);
+				memo_clear(g);
+			}
 			loop_t R;
-			loop_begin(g, &R, j0, nv, 1);
+			loop_begin(g, &R, from, nv, 1);
 			g->var[v] = R.i;
 			gen_row_unit(g, 1, false);
 			loop_end(g, &R);

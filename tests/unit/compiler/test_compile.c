@@ -338,6 +338,10 @@ static void node_head(gb_t *b, const char *op, uint32_t nargs)
 	msgpack_pack_array(&b->pk, nargs);
 }
 
+static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
+				  const char *mode, uint64_t seed, double tol,
+				  const char *what);
+
 /* The kernel count of a graph's fusion report. */
 static uint32_t n_kernels(kiln_compiler_t *kc, const kiln_graph_t *g,
 			  char **report)
@@ -384,6 +388,42 @@ Test(fusion, softmax_is_one_kernel)
 	free(rep);
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+/* softmax over dim 0 of [9, C]: a row kernel vectorized across the columns
+ * (outer-vectorized), whose last block of C % 16 columns runs 8, then 4
+ * columns at once where that many are left, the rest one at a time (on
+ * AVX2, 4 then scalar). Every C from 1 to 37 against the interpreter. */
+Test(codegen, outer_vectorized_rows_partial_blocks)
+{
+	kiln_compiler_t *kc = new_compiler();
+	for (int64_t C = 1; C <= 37; C++) {
+		gb_t b;
+		gb_init(&b);
+		graph_head(&b, 1);
+		spec2(&b, "f32", 9, C);
+		s(&b, "nodes");
+		msgpack_pack_array(&b.pk, 1);
+		node_head(&b, "aten._softmax.default", 3);
+		ref(&b, 0);
+		msgpack_pack_int64(&b.pk, 0);
+		msgpack_pack_false(&b.pk);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		spec2(&b, "f32", 9, C);
+		s(&b, "outputs");
+		msgpack_pack_array(&b.pk, 1);
+		ref(&b, 1);
+		kiln_graph_t *g = graph_from_json_like("softmax dim 0", &b.sb);
+		char what[64];
+		snprintf(what, sizeof(what), "softmax dim 0 of [9, %lld]",
+			 (long long)C);
+		expect_matches_interp(kc, g, "default", (uint64_t)C, 1e-5,
+				      what);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
 	kiln_compiler_free(kc);
 }
 

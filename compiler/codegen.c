@@ -11,7 +11,9 @@
  * vectorizes explicitly rather than relying on the loop vectorizer: each
  * kernel has one vectorized variable (the innermost dim), every scalar
  * expression is emitted at width W (the target's f32 lanes) in the main loop
- * and at width 1 in the tail, loads and stores are contiguous vector
+ * and in the tail at W/2 and W/4 where that many elements are left (down to
+ * 4 lanes; pointwise loops and rows vectorized across, not reductions along
+ * the vector), then at width 1; loads and stores are contiguous vector
  * accesses when their index has unit stride in that variable (broadcast when
  * 0, gathers otherwise), and reductions keep W-lane accumulators that are
  * combined pairwise once per row.
@@ -1420,6 +1422,29 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 		loop_end(g, &L);
 		/* scalar tail from where the vector loop stopped */
 		LLVMValueRef from = LLVMBuildLoad2(g->b, g->i64, L.iv, "");
+		/* without accumulators (pointwise): w/2, then w/4 elements
+		 * at once where that many are left, down to 4 lanes */
+		for (int hw = w / 2; acc == NULL && hw >= 4; hw /= 2) {
+			LLVMValueRef j1 = LLVMBuildAdd(
+			    g->b, from, LLVMConstInt(g->i64, (uint64_t)hw, 0),
+			    "");
+			LLVMValueRef fits =
+			    LLVMBuildICmp(g->b, LLVMIntSLE, j1, H, "");
+			LLVMBasicBlockRef bh = LLVMAppendBasicBlockInContext(
+			    g->ctx, g->fn, "part");
+			LLVMBasicBlockRef bt = LLVMAppendBasicBlockInContext(
+			    g->ctx, g->fn, "rest");
+			LLVMValueRef j0 = from;
+			from = LLVMBuildSelect(g->b, fits, j1, from, "");
+			LLVMBuildCondBr(g->b, fits, bh, bt);
+			LLVMPositionBuilderAtEnd(g->b, bh);
+			memo_clear(g);
+			g->var[d] = j0;
+			gen_loops(g, dims, nd, at + 1, p, acc, hw, vec, lo, hi);
+			LLVMBuildBr(g->b, bt);
+			LLVMPositionBuilderAtEnd(g->b, bt);
+			memo_clear(g);
+		}
 		loop_t T;
 		loop_begin(g, &T, from, H, 1);
 		g->var[d] = T.i;

@@ -427,6 +427,36 @@ Test(codegen, outer_vectorized_rows_partial_blocks)
 	kiln_compiler_free(kc);
 }
 
+/* A pointwise kernel's last-dim tail of C % 16 elements runs 8, then 4
+ * elements at once where that many are left, the rest one at a time: add
+ * of [3, C] and [3, C], and of [3, C] and a broadcast [1, C], every C from
+ * 1 to 37, against the interpreter. (one_node is defined further down.) */
+static void one_node(gb_t *b, const char *op, int64_t a0, int64_t a1,
+		     int64_t b0, int64_t b1, int64_t o0, int64_t o1,
+		     int n_extra, const int64_t *extra);
+
+Test(codegen, pointwise_tails)
+{
+	kiln_compiler_t *kc = new_compiler();
+	for (int64_t C = 1; C <= 37; C++) {
+		for (int bc = 0; bc < 2; bc++) {
+			gb_t b;
+			one_node(&b, "aten.add.Tensor", 3, C, bc ? 1 : 3, C, 3,
+				 C, 0, NULL);
+			kiln_graph_t *g = graph_from_json_like("add", &b.sb);
+			char what[64];
+			snprintf(what, sizeof(what),
+				 "add [3, %lld] + [%d, %lld]", (long long)C,
+				 bc ? 1 : 3, (long long)C);
+			expect_matches_interp(kc, g, "default", (uint64_t)C,
+					      1e-6, what);
+			kiln_graph_free(g);
+			msgpack_sbuffer_destroy(&b.sb);
+		}
+	}
+	kiln_compiler_free(kc);
+}
+
 /* A product with one block of rows and many columns is split into column
  * blocks (so every thread of the pool gets a share), and the report says
  * so; one with many row blocks is not. Values: the mm op cases (cols_t,

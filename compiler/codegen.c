@@ -1379,6 +1379,34 @@ static void clear_full_vals(gen_t *g)
 			g->mval[i] = NULL;
 }
 
+/* A partial vector block of hw elements in [*from, end): branches to a new
+ * block, where the caller emits the hw-wide unit starting at the returned
+ * index, when at least hw are left, and advances *from past them; *rest
+ * is where both paths meet (part_end). */
+static LLVMValueRef part_begin(gen_t *g, LLVMValueRef *from, LLVMValueRef end,
+			       int hw, LLVMBasicBlockRef *rest)
+{
+	LLVMValueRef j0 = *from;
+	LLVMValueRef j1 =
+	    LLVMBuildAdd(g->b, j0, LLVMConstInt(g->i64, (uint64_t)hw, 0), "");
+	LLVMValueRef fits = LLVMBuildICmp(g->b, LLVMIntSLE, j1, end, "");
+	LLVMBasicBlockRef bh =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "part");
+	*rest = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "rest");
+	*from = LLVMBuildSelect(g->b, fits, j1, j0, "");
+	LLVMBuildCondBr(g->b, fits, bh, *rest);
+	LLVMPositionBuilderAtEnd(g->b, bh);
+	memo_clear(g);
+	return j0;
+}
+
+static void part_end(gen_t *g, LLVMBasicBlockRef rest)
+{
+	LLVMBuildBr(g->b, rest);
+	LLVMPositionBuilderAtEnd(g->b, rest);
+	memo_clear(g);
+}
+
 /* Nested loops over the dims in `dims` (outermost first); the last one is
  * the vectorized var when vec is set. lo/hi bound the last dim. */
 static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
@@ -1420,30 +1448,15 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 		g->var[d] = L.i;
 		gen_loops(g, dims, nd, at + 1, p, acc, w, vec, lo, hi);
 		loop_end(g, &L);
-		/* scalar tail from where the vector loop stopped */
+		/* the tail, from where the vector loop stopped */
 		LLVMValueRef from = LLVMBuildLoad2(g->b, g->i64, L.iv, "");
 		/* without accumulators (pointwise): w/2, then w/4 elements
 		 * at once where that many are left, down to 4 lanes */
 		for (int hw = w / 2; acc == NULL && hw >= 4; hw /= 2) {
-			LLVMValueRef j1 = LLVMBuildAdd(
-			    g->b, from, LLVMConstInt(g->i64, (uint64_t)hw, 0),
-			    "");
-			LLVMValueRef fits =
-			    LLVMBuildICmp(g->b, LLVMIntSLE, j1, H, "");
-			LLVMBasicBlockRef bh = LLVMAppendBasicBlockInContext(
-			    g->ctx, g->fn, "part");
-			LLVMBasicBlockRef bt = LLVMAppendBasicBlockInContext(
-			    g->ctx, g->fn, "rest");
-			LLVMValueRef j0 = from;
-			from = LLVMBuildSelect(g->b, fits, j1, from, "");
-			LLVMBuildCondBr(g->b, fits, bh, bt);
-			LLVMPositionBuilderAtEnd(g->b, bh);
-			memo_clear(g);
-			g->var[d] = j0;
+			LLVMBasicBlockRef rest;
+			g->var[d] = part_begin(g, &from, H, hw, &rest);
 			gen_loops(g, dims, nd, at + 1, p, acc, hw, vec, lo, hi);
-			LLVMBuildBr(g->b, bt);
-			LLVMPositionBuilderAtEnd(g->b, bt);
-			memo_clear(g);
+			part_end(g, rest);
 		}
 		loop_t T;
 		loop_begin(g, &T, from, H, 1);
@@ -1656,28 +1669,10 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			 * late layers: rows of 8 and 4 at 16 lanes), down to
 			 * 4 lanes; the rest one at a time */
 			for (int hw = W / 2; hw >= 4; hw /= 2) {
-				LLVMValueRef hv =
-				    LLVMConstInt(g->i64, (uint64_t)hw, 0);
-				LLVMValueRef j1 =
-				    LLVMBuildAdd(g->b, from, hv, "");
-				LLVMValueRef fits =
-				    LLVMBuildICmp(g->b, LLVMIntSLE, j1, nv, "");
-				LLVMBasicBlockRef bh =
-				    LLVMAppendBasicBlockInContext(g->ctx, g->fn,
-								  "part");
-				LLVMBasicBlockRef bt =
-				    LLVMAppendBasicBlockInContext(g->ctx, g->fn,
-								  "rest");
-				LLVMValueRef at = from;
-				from =
-				    LLVMBuildSelect(g->b, fits, j1, from, "");
-				LLVMBuildCondBr(g->b, fits, bh, bt);
-				LLVMPositionBuilderAtEnd(g->b, bh);
-				g->var[v] = at;
+				LLVMBasicBlockRef rest;
+				g->var[v] = part_begin(g, &from, nv, hw, &rest);
 				gen_row_unit(g, hw, false);
-				LLVMBuildBr(g->b, bt);
-				LLVMPositionBuilderAtEnd(g->b, bt);
-				memo_clear(g);
+				part_end(g, rest);
 			}
 			loop_t R;
 			loop_begin(g, &R, from, nv, 1);

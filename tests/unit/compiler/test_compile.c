@@ -427,36 +427,6 @@ Test(codegen, outer_vectorized_rows_partial_blocks)
 	kiln_compiler_free(kc);
 }
 
-/* A pointwise kernel's last-dim tail of C % 16 elements runs 8, then 4
- * elements at once where that many are left, the rest one at a time: add
- * of [3, C] and [3, C], and of [3, C] and a broadcast [1, C], every C from
- * 1 to 37, against the interpreter. (one_node is defined further down.) */
-static void one_node(gb_t *b, const char *op, int64_t a0, int64_t a1,
-		     int64_t b0, int64_t b1, int64_t o0, int64_t o1,
-		     int n_extra, const int64_t *extra);
-
-Test(codegen, pointwise_tails)
-{
-	kiln_compiler_t *kc = new_compiler();
-	for (int64_t C = 1; C <= 37; C++) {
-		for (int bc = 0; bc < 2; bc++) {
-			gb_t b;
-			one_node(&b, "aten.add.Tensor", 3, C, bc ? 1 : 3, C, 3,
-				 C, 0, NULL);
-			kiln_graph_t *g = graph_from_json_like("add", &b.sb);
-			char what[64];
-			snprintf(what, sizeof(what),
-				 "add [3, %lld] + [%d, %lld]", (long long)C,
-				 bc ? 1 : 3, (long long)C);
-			expect_matches_interp(kc, g, "default", (uint64_t)C,
-					      1e-6, what);
-			kiln_graph_free(g);
-			msgpack_sbuffer_destroy(&b.sb);
-		}
-	}
-	kiln_compiler_free(kc);
-}
-
 /* A product with one block of rows and many columns is split into column
  * blocks (so every thread of the pool gets a share), and the report says
  * so; one with many row blocks is not. Values: the mm op cases (cols_t,
@@ -580,9 +550,6 @@ Test(fusion, few_row_blocks_split_columns)
 /* A product under 2^21 multiply-adds goes to BLAS; the kernel that runs it
  * loads OpenBLAS with the core kiln chose from the CPU's features (blas.c),
  * not the SSE3 one OpenBLAS 0.3.21 takes for a CPU model it does not know. */
-static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
-				  const char *mode, uint64_t seed, double tol,
-				  const char *what);
 
 Test(blas, kernels_load_openblas_with_the_cpus_core)
 {
@@ -1521,6 +1488,33 @@ static void one_node(gb_t *b, const char *op, int64_t a0, int64_t a1,
 	ref(b, b0 >= 0 ? 2 : 1);
 }
 
+/* A pointwise kernel's last-dim tail of C % 16 elements runs 8, then 4
+ * elements at once where that many are left, the rest one at a time: add
+ * of [3, C] and [3, C], and of [3, C] and a broadcast [1, C], every C from
+ * 1 to 37, against the interpreter. */
+
+Test(codegen, pointwise_tails)
+{
+	kiln_compiler_t *kc = new_compiler();
+	for (int64_t C = 1; C <= 37; C++) {
+		for (int bc = 0; bc < 2; bc++) {
+			gb_t b;
+			one_node(&b, "aten.add.Tensor", 3, C, bc ? 1 : 3, C, 3,
+				 C, 0, NULL);
+			kiln_graph_t *g = graph_from_json_like("add", &b.sb);
+			char what[64];
+			snprintf(what, sizeof(what),
+				 "add [3, %lld] + [%d, %lld]", (long long)C,
+				 bc ? 1 : 3, (long long)C);
+			expect_matches_interp(kc, g, "default", (uint64_t)C,
+					      1e-6, what);
+			kiln_graph_free(g);
+			msgpack_sbuffer_destroy(&b.sb);
+		}
+	}
+	kiln_compiler_free(kc);
+}
+
 Test(invalid, add_shape_mismatch)
 {
 	gb_t b;
@@ -1604,6 +1598,17 @@ Test(settings, math_choice_is_checked_and_fingerprinted)
 	unsetenv("KILN_MATH");
 }
 
+/* Compiles g in mode "default". */
+static int compile_default(kiln_compiler_t *kc, const kiln_graph_t *g,
+			   kiln_artifact_t **a, char *err, size_t errlen)
+{
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	strcpy(opts.mode, "default");
+	kiln_compile_stats_t st;
+	return kiln_compile(kc, g, &opts, a, &st, err, errlen);
+}
+
 /* A linker that cannot run fails the compile with its path, and the
  * compiler stays usable. */
 Test(settings, a_linker_that_cannot_run_is_a_clear_error)
@@ -1615,11 +1620,7 @@ Test(settings, a_linker_that_cannot_run_is_a_clear_error)
 	kiln_graph_t *g = graph_from_json_like("add", &b.sb);
 	char err[512];
 	kiln_artifact_t *a = NULL;
-	kiln_compile_stats_t st;
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	strcpy(opts.mode, "default");
-	int rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+	int rc = compile_default(kc, g, &a, err, sizeof(err));
 	cr_expect_eq(rc, KILN_ECOMPILE, "rc %d: %s", rc, err);
 	cr_expect_null(a);
 	cr_expect(strstr(err, "/nonexistent/ld") != NULL, "%s", err);
@@ -1639,19 +1640,15 @@ Test(settings, llvm_passes_override)
 	kiln_graph_t *g = graph_from_json_like("add", &b.sb);
 	char err[512];
 	kiln_artifact_t *a = NULL;
-	kiln_compile_stats_t st;
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	strcpy(opts.mode, "default");
 	setenv("KILN_LLVM_PASSES", "no-such-pass", 1);
-	int rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+	int rc = compile_default(kc, g, &a, err, sizeof(err));
 	cr_expect_eq(rc, KILN_ECOMPILE, "rc %d: %s", rc, err);
 	cr_expect_null(a);
 	cr_expect(strstr(err, "LLVM passes") != NULL &&
 		      strstr(err, "no-such-pass") != NULL,
 		  "%s", err);
 	setenv("KILN_LLVM_PASSES", "default<O2>", 1);
-	rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+	rc = compile_default(kc, g, &a, err, sizeof(err));
 	cr_expect_eq(rc, 0, "rc %d: %s", rc, err);
 	cr_expect_not_null(a);
 	if (a != NULL)

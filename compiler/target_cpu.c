@@ -246,7 +246,10 @@ int cpu_optimize(cpu_target_t *t, LLVMTargetMachineRef tm, LLVMModuleRef m,
 	LLVMPassBuilderOptionsRef o = LLVMCreatePassBuilderOptions();
 	/* kiln vectorizes explicitly (codegen.c); LLVM's loop and SLP
 	 * vectorizers would only re-vectorize the scalar tails, at a third of
-	 * the compile time. KILN_LLVM_VECTORIZE=1 turns them back on. */
+	 * the compile time. KILN_LLVM_VECTORIZE=1 asks for them back. (Seen
+	 * 2026-12-02 with LLVM 16: O3 loop-vectorized codegen's scalar row
+	 * loops with the option off too, and the option left mobilenet_v2's
+	 * module byte-identical; compiler/README.md.) */
 	const char *lv = getenv("KILN_LLVM_VECTORIZE");
 	int vec = lv != NULL && lv[0] == '1';
 	LLVMPassBuilderOptionsSetLoopVectorization(o, vec);

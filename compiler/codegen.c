@@ -27,6 +27,8 @@
 #include "compiler/cg.h"
 #include "compiler/cpu.h"
 
+#include <llvm-c/DebugInfo.h>
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -1011,6 +1013,27 @@ static void loop_end(gen_t *g, loop_t *L)
 	memo_clear(g);
 }
 
+/* loop_end for a loop whose body codegen has unrolled already: its back
+ * edge carries llvm.loop.unroll.disable (in a loop ID of its own, which
+ * LLVM wants self-referential), so that O3 does not unroll it again. */
+static void loop_end_unrolled(gen_t *g, loop_t *L)
+{
+	LLVMValueRef n = LLVMBuildAdd(g->b, L->i, L->step, "");
+	LLVMBuildStore(g->b, n, L->iv);
+	LLVMValueRef br = LLVMBuildBr(g->b, L->cond);
+	static const char dis[] = "llvm.loop.unroll.disable";
+	LLVMMetadataRef ds =
+	    LLVMMDStringInContext2(g->ctx, dis, sizeof(dis) - 1);
+	LLVMMetadataRef tmp = LLVMTemporaryMDNode(g->ctx, NULL, 0);
+	LLVMMetadataRef ops[2] = {tmp, LLVMMDNodeInContext2(g->ctx, &ds, 1)};
+	LLVMMetadataRef id = LLVMMDNodeInContext2(g->ctx, ops, 2);
+	LLVMMetadataReplaceAllUsesWith(tmp, id);
+	LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9),
+			LLVMMetadataAsValue(g->ctx, id));
+	LLVMPositionBuilderAtEnd(g->b, L->exit);
+	memo_clear(g);
+}
+
 static LLVMValueRef K64(gen_t *g, int64_t v)
 {
 	return LLVMConstInt(g->i64, (uint64_t)v, 1);
@@ -1440,7 +1463,7 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 					  lo, hi);
 			}
 			g->slot = 0;
-			loop_end(g, &U);
+			loop_end_unrolled(g, &U);
 			L0 = LLVMBuildLoad2(g->b, g->i64, U.iv, "");
 		}
 		loop_t L;

@@ -16,6 +16,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1512,6 +1513,75 @@ Test(codegen, pointwise_tails)
 			msgpack_sbuffer_destroy(&b.sb);
 		}
 	}
+	kiln_compiler_free(kc);
+}
+
+/* exp at its edges, each value at every lane position of a row of 37
+ * (the 16- or 8-wide body, the 8 and 4 parts, the scalar rest), against
+ * libm's expf: relative 2e-6 on the finite range (n = 127 widens the
+ * reduced argument near 88.7), 0 below -87.34 (denormal results flush),
+ * +inf above 88.72, NaN for NaN, exact at 0. */
+Test(codegen, exp_edges)
+{
+	static const float xs[] = {
+	    -INFINITY, -1000.0f, -103.0f, -87.4f,  -87.33f,  -87.0f,
+	    -50.5f,    -1.0f,	 -1e-30f, 0.0f,	   1e-7f,    0.5f,
+	    1.0f,      10.25f,	 63.0f,	  88.0f,   88.3f,    88.5f,
+	    88.72f,    88.723f,	 89.0f,	  1000.0f, INFINITY, NAN};
+	enum { N = sizeof(xs) / sizeof(xs[0]), C = 37 };
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	one_node(&b, "aten.exp.default", N, C, -1, 0, N, C, 0, NULL);
+	kiln_graph_t *g = graph_from_json_like("exp", &b.sb);
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	cr_assert_eq(kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err)), 0,
+		     "%s", err);
+	kiln_module_t *m = NULL;
+	cr_assert_eq(kiln_module_from_artifact(a, &m, err, sizeof(err)), 0,
+		     "%s", err);
+	kiln_tensor_t in;
+	int64_t sz[2] = {N, C};
+	cr_assert_eq(kiln_td_tensor_alloc(&in, KILN_DT_F32, 2, sz), 0);
+	float *x = in.data;
+	/* row v: value v at column v % C, its neighbours elsewhere, so every
+	 * value meets every lane position over the rows */
+	for (int r = 0; r < N; r++)
+		for (int c = 0; c < C; c++)
+			x[r * C + c] = xs[(r + c) % N];
+	kiln_io_t arg = {KILN_IO_TENSOR, 0, in};
+	void *ob[1] = {NULL};
+	kiln_io_t out[1];
+	cr_assert_eq(
+	    kiln_module_run(m, &arg, 1, ob, out, NULL, err, sizeof(err)), 0,
+	    "%s", err);
+	const float *y = out[0].t.data;
+	for (int i = 0; i < N * C; i++) {
+		float v = x[i], got = y[i], want = expf(v);
+		if (isnan(v)) {
+			cr_expect(isnan(got), "exp(nan) = %g at %d", got, i);
+			continue;
+		}
+		if (v < -87.34f) {
+			cr_expect(got == 0.0f, "exp(%g) = %g, not 0", v, got);
+			continue;
+		}
+		if (isinf(want) || v == 0.0f) {
+			cr_expect(got == want, "exp(%g) = %g, not %g", v, got,
+				  want);
+			continue;
+		}
+		cr_expect(fabsf(got - want) <= 2e-6f * want,
+			  "exp(%g) = %.9g, libm %.9g (column %d)", v, got, want,
+			  i % C);
+	}
+	free(ob[0]);
+	kiln_td_tensor_free(&in);
+	kiln_module_free(m); /* and the artifact, which it owns */
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
 	kiln_compiler_free(kc);
 }
 

@@ -68,6 +68,8 @@ typedef struct sx {
 	uint8_t dt;   /* compute dtype (kiln_dtype_t; never F16/BF16) */
 	uint32_t buf; /* LOAD */
 	uint32_t hash;
+	uint32_t shash; /* hash without buffer ids: the same in every layer
+			   of a model, orders commutative operands */
 	const struct sx *a, *b, *c; /* operands; LOAD: a = guard or NULL,
 				       b = dyn (i64 extra offset) or NULL */
 	const kiln_expr_t *idx;	    /* LOAD, INDEX */

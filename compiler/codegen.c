@@ -1777,6 +1777,24 @@ static void kernel_extent(cctx_t *c, kernel_t *k)
  * probed, never another library's symbol of the same name); OpenBLAS is
  * told to stay single-threaded, as kiln's own pool runs the row blocks in
  * parallel. Racing first uses store the same pointer (monotonic atomics). */
+/* A module-level constant string under a fixed name, made on first use:
+ * bodies that use it print alike (unnamed globals are numbered across the
+ * module, which would make every body that names one unique). */
+static LLVMValueRef mod_str(gen_t *g, const char *name, const char *text)
+{
+	LLVMValueRef gv = LLVMGetNamedGlobal(g->mod, name);
+	if (gv != NULL)
+		return gv;
+	LLVMValueRef init =
+	    LLVMConstStringInContext(g->ctx, text, (unsigned)strlen(text), 0);
+	gv = LLVMAddGlobal(g->mod, LLVMTypeOf(init), name);
+	LLVMSetInitializer(gv, init);
+	LLVMSetGlobalConstant(gv, 1);
+	LLVMSetLinkage(gv, LLVMPrivateLinkage);
+	LLVMSetUnnamedAddr(gv, 1);
+	return gv;
+}
+
 static LLVMValueRef blas_fn(gen_t *g, bool f64)
 {
 	const char *gname = f64 ? "kiln_dgemm_fp" : "kiln_sgemm_fp";
@@ -1807,16 +1825,16 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
 	LLVMValueRef dlsym_f = LLVMGetNamedFunction(g->mod, "dlsym");
 	if (dlsym_f == NULL)
 		dlsym_f = LLVMAddFunction(g->mod, "dlsym", dlsym_t);
-	LLVMValueRef path = LLVMBuildGlobalStringPtr(g->b, g->c->blas, "");
+	LLVMValueRef path = mod_str(g, "kiln_blas_path", g->c->blas);
 	LLVMValueRef oargs[2] = {path,
 				 LLVMConstInt(g->i32, 2 /* RTLD_NOW */, 0)};
 	LLVMValueRef h = LLVMBuildCall2(g->b, dlopen_t, dlopen_f, oargs, 2, "");
 	LLVMValueRef sargs[2] = {
-	    h, LLVMBuildGlobalStringPtr(
-		   g->b, f64 ? "cblas_dgemm" : "cblas_sgemm", "")};
+	    h, f64 ? mod_str(g, "kiln_s_dgemm", "cblas_dgemm")
+		   : mod_str(g, "kiln_s_sgemm", "cblas_sgemm")};
 	LLVMValueRef fn = LLVMBuildCall2(g->b, dlsym_t, dlsym_f, sargs, 2, "");
 	LLVMValueRef targs[2] = {
-	    h, LLVMBuildGlobalStringPtr(g->b, "openblas_set_num_threads", "")};
+	    h, mod_str(g, "kiln_s_set_threads", "openblas_set_num_threads")};
 	LLVMValueRef st = LLVMBuildCall2(g->b, dlsym_t, dlsym_f, targs, 2, "");
 	LLVMBasicBlockRef setn =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "blas_threads");
@@ -3534,6 +3552,166 @@ static uint64_t funcs_size(LLVMModuleRef m, LLVMValueRef after)
 	return n;
 }
 
+/* ---- identical bodies ----------------------------------------------------
+ * Models repeat themselves: every transformer block, every residual block of
+ * a stage has the same kernels over other buffers. A body whose IR is that of
+ * a body generated before is not optimized and emitted again: its callers
+ * call the first one (in another module: a hidden symbol the linker resolves
+ * inside the .so). The key is the body's printed IR without its own name and
+ * without loop-metadata numbers (which count across the module); equal keys
+ * are compared in full. */
+
+typedef struct body_rec {
+	uint64_t shape; /* body_shape: compared first */
+	uint64_t h;	/* of key, once printed */
+	char *key;	/* NULL until another body has the same shape */
+	LLVMValueRef fn;
+	int mod;
+	bool exported;
+} body_rec_t;
+
+typedef struct body_set {
+	body_rec_t *r;
+	uint32_t n, cap;
+} body_set_t;
+
+static char *body_key(LLVMValueRef f)
+{
+	char *s = LLVMPrintValueToString(f);
+	if (s == NULL)
+		return NULL;
+	size_t nlen;
+	const char *name = LLVMGetValueName2(f, &nlen);
+	size_t n = strlen(s);
+	char *k = malloc(n + 1);
+	if (k == NULL) {
+		LLVMDisposeMessage(s);
+		return NULL;
+	}
+	size_t o = 0;
+	bool named = false;
+	static const char lp[] = "!llvm.loop !";
+	for (size_t i = 0; i < n;) {
+		if (!named && s[i] == '@' && nlen > 0 && i + 1 + nlen <= n &&
+		    memcmp(s + i + 1, name, nlen) == 0 &&
+		    s[i + 1 + nlen] == '(') {
+			k[o++] = '@';
+			i += 1 + nlen;
+			named = true;
+		} else if (s[i] == '!' &&
+			   strncmp(s + i, lp, sizeof(lp) - 1) == 0) {
+			memcpy(k + o, lp, sizeof(lp) - 1);
+			o += sizeof(lp) - 1;
+			i += sizeof(lp) - 1;
+			while (i < n && s[i] >= '0' && s[i] <= '9')
+				i++;
+		} else {
+			k[o++] = s[i++];
+		}
+	}
+	k[o] = '\0';
+	LLVMDisposeMessage(s);
+	return k;
+}
+
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+	return (h ^ v) * 1099511628211ull;
+}
+
+static uint64_t text_hash(const char *t)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (; *t; t++)
+		h = fnv(h, (uint8_t)*t);
+	return h;
+}
+
+/* A cheap summary of a body (blocks, instructions, their opcodes and
+ * operand counts): printing every body to compare keys cost more than the
+ * sharing saved; only bodies of equal shape are printed. */
+static uint64_t body_shape(LLVMValueRef f)
+{
+	uint64_t h = fnv(1469598103934665603ull, LLVMCountParams(f));
+	for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb != NULL;
+	     bb = LLVMGetNextBasicBlock(bb)) {
+		h = fnv(h, 0xb10c);
+		for (LLVMValueRef in = LLVMGetFirstInstruction(bb); in != NULL;
+		     in = LLVMGetNextInstruction(in))
+			h = fnv(h, (uint64_t)LLVMGetInstructionOpcode(in) << 8 |
+				       (uint64_t)LLVMGetNumOperands(in));
+	}
+	return h;
+}
+
+/* f, just generated in module p: an earlier identical body takes its place
+ * (f is deleted) and is returned, else f is recorded and returned. Out of
+ * memory: f stays, unshared. */
+static LLVMValueRef share_body(gen_t *g, int p, body_set_t *bs, LLVMValueRef f)
+{
+	uint64_t shape = body_shape(f);
+	char *key = NULL;
+	uint64_t h = 0;
+	for (uint32_t i = 0; i < bs->n; i++) {
+		body_rec_t *r = &bs->r[i];
+		if (r->shape != shape)
+			continue;
+		if (r->key == NULL) {
+			r->key = body_key(r->fn);
+			if (r->key == NULL)
+				continue;
+			r->h = text_hash(r->key);
+		}
+		if (key == NULL) {
+			key = body_key(f);
+			if (key == NULL)
+				return f;
+			h = text_hash(key);
+		}
+		if (r->h != h || strcmp(r->key, key) != 0)
+			continue;
+		free(key);
+		LLVMValueRef to = r->fn;
+		if (r->mod != p) {
+			if (!r->exported) {
+				LLVMSetLinkage(r->fn, LLVMExternalLinkage);
+				LLVMSetVisibility(r->fn, LLVMHiddenVisibility);
+				r->exported = true;
+			}
+			size_t nlen;
+			const char *name = LLVMGetValueName2(r->fn, &nlen);
+			to = LLVMGetNamedFunction(g[p].mod, name);
+			if (to == NULL) {
+				to = LLVMAddFunction(g[p].mod, name,
+						     LLVMGlobalGetValueType(f));
+				LLVMSetVisibility(to, LLVMHiddenVisibility);
+			}
+		}
+		LLVMReplaceAllUsesWith(f, to);
+		LLVMDeleteFunction(f);
+		return to;
+	}
+	if (bs->n == bs->cap) {
+		uint32_t cap = bs->cap ? 2 * bs->cap : 32;
+		body_rec_t *r = realloc(bs->r, cap * sizeof(*r));
+		if (r == NULL) {
+			free(key);
+			return f;
+		}
+		bs->r = r;
+		bs->cap = cap;
+	}
+	bs->r[bs->n++] = (body_rec_t){shape, h, key, f, p, false};
+	return f;
+}
+
+static LLVMValueRef body_of(gen_t *g, const kernel_t *k)
+{
+	char bname[48];
+	snprintf(bname, sizeof(bname), "%s_body", k->name);
+	return LLVMGetNamedFunction(g->mod, bname);
+}
+
 int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
 {
 	gen_t g[CPU_PAR_MAX];
@@ -3544,6 +3722,9 @@ int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
 		gen_init(&g[p], c, llvm_ctx[p], llvm_mod[p]);
 		size[p] = 0;
 	}
+	body_set_t bs = {NULL, 0, 0};
+	bool share = getenv("KILN_SHARE_BODIES") == NULL ||
+		     getenv("KILN_SHARE_BODIES")[0] != '0';
 	int rc = 0;
 	for (uint32_t i = 0; i < c->n_kernels && rc == 0; i++) {
 		if (c->kernels[i].is_fallback || c->kernels[i].is_epilogue)
@@ -3555,13 +3736,23 @@ int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
 		LLVMValueRef last = LLVMGetLastFunction(g[p].mod);
 		/* an epilogue first, in its product's module: the product
 		 * calls its body */
-		if (c->kernels[i].has_epilogue)
+		bool epi = c->kernels[i].has_epilogue;
+		if (epi)
 			rc = gen_kernel(&g[p], &c->kernels[i + 1]);
 		if (rc == 0)
 			rc = gen_kernel(&g[p], &c->kernels[i]);
+		/* the epilogue's body first: the product's IR names it */
+		if (rc == 0 && share && epi)
+			share_body(g, p, &bs,
+				   body_of(&g[p], &c->kernels[i + 1]));
+		if (rc == 0 && share)
+			share_body(g, p, &bs, body_of(&g[p], &c->kernels[i]));
 		if (n > 1)
 			size[p] += funcs_size(g[p].mod, last);
 	}
+	for (uint32_t i = 0; i < bs.n; i++)
+		free(bs.r[i].key);
+	free(bs.r);
 	for (int p = 0; p < n; p++)
 		gen_fini(&g[p]);
 	return rc;

@@ -65,6 +65,16 @@ static const sx_t *intern(cctx_t *c, sx_t *proto)
 	memcpy(&kb, &proto->k, sizeof(kb));
 	h = hmix(h, kb);
 	proto->hash = h;
+	uint32_t sh = 0x811c9dc5u;
+	sh = hmix(sh, proto->kind);
+	sh = hmix(sh, proto->op);
+	sh = hmix(sh, proto->dt);
+	sh = hmix(sh, proto->a ? proto->a->shash : 0);
+	sh = hmix(sh, proto->b ? proto->b->shash : 1);
+	sh = hmix(sh, proto->c ? proto->c->shash : 2);
+	sh = hmix(sh, proto->idx ? ix_hash(proto->idx) : 3);
+	sh = hmix(sh, kb);
+	proto->shash = sh;
 	if (c->sx_n * 2 >= c->sx_cap) {
 		uint32_t ncap = c->sx_cap ? c->sx_cap * 2 : 1024;
 		sx_t **nt = calloc(ncap, sizeof(*nt));
@@ -256,9 +266,14 @@ const sx_t *sx_bin(cctx_t *c, sx_op_t op, const sx_t *a, const sx_t *b)
 		return a;
 	if ((op == OP_ADD || op == OP_MUL || op == OP_MAX || op == OP_MIN ||
 	     op == OP_EQ || op == OP_NE || op == OP_AND || op == OP_OR) &&
-	    a->hash > b->hash && !is_const(b)) {
+	    (a->shash > b->shash ||
+	     (a->shash == b->shash && a->hash > b->hash)) &&
+	    !is_const(b)) {
 		/* canonical operand order for commutative ops, so a*b and
-		 * b*a share one node (float + and * are commutative) */
+		 * b*a share one node (float + and * are commutative); by
+		 * the hash without buffer ids first, so that every layer
+		 * of a model orders them alike and its kernels' bodies
+		 * come out identical (codegen.c share_body) */
 		const sx_t *t = a;
 		a = b;
 		b = t;

@@ -362,6 +362,73 @@ static uint32_t n_kernels(kiln_compiler_t *kc, const kiln_graph_t *g,
 	return st.n_kernels + st.n_fallbacks;
 }
 
+/* Bodies defined in a module's raw IR (kilnc --emit=llvm-raw). */
+static int n_bodies(kiln_compiler_t *kc, const kiln_graph_t *g)
+{
+	char err[512];
+	kiln_compile_stats_t st;
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	char *text = NULL;
+	int rc = kiln_compile_ex(kc, g, &opts, NULL, &text, KILN_EMIT_LLVM_RAW,
+				 &st, err, sizeof(err));
+	cr_assert_eq(rc, 0, "compile: %s", err);
+	int n = 0;
+	for (const char *p = text; (p = strstr(p, "\ndefine ")) != NULL; p++)
+		n += strstr(p, "_body(") != NULL &&
+		     strstr(p, "_body(") < strchr(p + 1, '\n');
+	free(text);
+	return n;
+}
+
+/* Repeated layers: a body whose IR equals one generated before is not
+ * emitted again; its wrapper calls the first (in another module: four
+ * compile threads put the kernels in eight modules). gpt2_fwd and bert_fwd
+ * (two layers each) have a quarter fewer bodies or more with sharing than
+ * without it (KILN_SHARE_BODIES=0), and match torch's outputs either way. */
+Test(codegen, repeated_layers_share_bodies, .timeout = 300)
+{
+	static const char *const names[] = {"gpt2_fwd", "bert_fwd"};
+	setenv("KILN_COMPILE_THREADS", "4", 1);
+	kiln_compiler_t *kc = new_compiler();
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		char gpath[1024], iopath[1024], err[1024];
+		snprintf(gpath, sizeof(gpath), "%s/graphs/%s.graph.msgpack",
+			 KILN_TEST_DATA_DIR, names[i]);
+		snprintf(iopath, sizeof(iopath), "%s/graphs/%s.io.msgpack",
+			 KILN_TEST_DATA_DIR, names[i]);
+		kiln_graph_t *g = NULL;
+		cr_assert_eq(kiln_td_graph_load(gpath, &g, err, sizeof(err)), 0,
+			     "%s: %s", gpath, err);
+		char *rep;
+		uint32_t nk = n_kernels(kc, g, &rep);
+		free(rep);
+		/* read by every compile */
+		setenv("KILN_SHARE_BODIES", "0", 1);
+		int all = n_bodies(kc, g);
+		setenv("KILN_SHARE_BODIES", "1", 1);
+		int shared = n_bodies(kc, g);
+		cr_expect_geq((uint32_t)all, nk, "%s: %d bodies, %u kernels",
+			      names[i], all, nk);
+		cr_expect_lt(shared, all * 3 / 4, "%s: %d bodies shared of %d",
+			     names[i], shared, all);
+		kiln_td_io_t io;
+		memset(&io, 0, sizeof(io));
+		cr_assert_eq(kiln_td_io_load(iopath, &io, err, sizeof(err)), 0,
+			     "%s: %s", iopath, err);
+		for (int share = 1; share >= 0; share--) {
+			setenv("KILN_SHARE_BODIES", share ? "1" : "0", 1);
+			runres_t r;
+			check(kc, g, &io, &r);
+			cr_expect(r.ok, "%s (share %d): %s", names[i], share,
+				  r.msg);
+		}
+		kiln_td_io_free(&io);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 Test(fusion, softmax_is_one_kernel)
 {
 	kiln_compiler_t *kc = new_compiler();

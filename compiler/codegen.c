@@ -3611,6 +3611,19 @@ static char *body_key(LLVMValueRef f)
 	}
 	k[o] = '\0';
 	LLVMDisposeMessage(s);
+	/* the define line's attribute group number counts across the module
+	 * too (every body carries the same attributes: gen_kernel) */
+	char *def = strstr(k, "define ");
+	char *eol = def != NULL ? strchr(def, '\n') : NULL;
+	char *at = eol;
+	while (at != NULL && at > def && at[-1] != '#')
+		at--;
+	if (at != NULL && at > def && at < eol && *at >= '0' && *at <= '9') {
+		char *e = at;
+		while (*e >= '0' && *e <= '9')
+			e++;
+		memmove(at, e, strlen(e) + 1);
+	}
 	return k;
 }
 
@@ -3645,9 +3658,9 @@ static uint64_t body_shape(LLVMValueRef f)
 }
 
 /* f, just generated in module p: an earlier identical body takes its place
- * (f is deleted) and is returned, else f is recorded and returned. Out of
- * memory: f stays, unshared. */
-static LLVMValueRef share_body(gen_t *g, int p, body_set_t *bs, LLVMValueRef f)
+ * (f is deleted; returns true), else f is recorded. Out of memory: f stays,
+ * unshared. */
+static bool share_body(gen_t *g, int p, body_set_t *bs, LLVMValueRef f)
 {
 	uint64_t shape = body_shape(f);
 	char *key = NULL;
@@ -3665,7 +3678,7 @@ static LLVMValueRef share_body(gen_t *g, int p, body_set_t *bs, LLVMValueRef f)
 		if (key == NULL) {
 			key = body_key(f);
 			if (key == NULL)
-				return f;
+				return false;
 			h = text_hash(key);
 		}
 		if (r->h != h || strcmp(r->key, key) != 0)
@@ -3689,20 +3702,20 @@ static LLVMValueRef share_body(gen_t *g, int p, body_set_t *bs, LLVMValueRef f)
 		}
 		LLVMReplaceAllUsesWith(f, to);
 		LLVMDeleteFunction(f);
-		return to;
+		return true;
 	}
 	if (bs->n == bs->cap) {
 		uint32_t cap = bs->cap ? 2 * bs->cap : 32;
 		body_rec_t *r = realloc(bs->r, cap * sizeof(*r));
 		if (r == NULL) {
 			free(key);
-			return f;
+			return false;
 		}
 		bs->r = r;
 		bs->cap = cap;
 	}
 	bs->r[bs->n++] = (body_rec_t){shape, h, key, f, p, false};
-	return f;
+	return false;
 }
 
 static LLVMValueRef body_of(gen_t *g, const kernel_t *k)
@@ -3712,7 +3725,8 @@ static LLVMValueRef body_of(gen_t *g, const kernel_t *k)
 	return LLVMGetNamedFunction(g->mod, bname);
 }
 
-int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
+int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod,
+		    uint32_t *n_shared)
 {
 	gen_t g[CPU_PAR_MAX];
 	uint64_t size[CPU_PAR_MAX];
@@ -3723,6 +3737,7 @@ int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
 		size[p] = 0;
 	}
 	body_set_t bs = {NULL, 0, 0};
+	*n_shared = 0;
 	bool share = getenv("KILN_SHARE_BODIES") == NULL ||
 		     getenv("KILN_SHARE_BODIES")[0] != '0';
 	int rc = 0;
@@ -3743,10 +3758,11 @@ int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod)
 			rc = gen_kernel(&g[p], &c->kernels[i]);
 		/* the epilogue's body first: the product's IR names it */
 		if (rc == 0 && share && epi)
-			share_body(g, p, &bs,
-				   body_of(&g[p], &c->kernels[i + 1]));
+			*n_shared += share_body(
+			    g, p, &bs, body_of(&g[p], &c->kernels[i + 1]));
 		if (rc == 0 && share)
-			share_body(g, p, &bs, body_of(&g[p], &c->kernels[i]));
+			*n_shared += share_body(g, p, &bs,
+						body_of(&g[p], &c->kernels[i]));
 		if (n > 1)
 			size[p] += funcs_size(g[p].mod, last);
 	}

@@ -870,7 +870,7 @@ int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
 		ctxs[p] = parts[p].ctx;
 		mods[p] = parts[p].mod;
 	}
-	rc = codegen_modules(&c, np, ctxs, mods);
+	rc = codegen_modules(&c, np, ctxs, mods, &st->n_shared);
 	double t2 = kiln__now_ms();
 	st->codegen_ms = t2 - t1;
 	if (rc == 0 && emit == KILN_EMIT_LLVM_RAW) {

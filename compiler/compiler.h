@@ -85,6 +85,8 @@ typedef struct kiln_compile_stats {
 	    total_ms;
 	uint32_t n_kernels, n_fallbacks;
 	uint32_t n_epilogues; /* kernels run by a product kernel (not steps) */
+	uint32_t n_shared;    /* bodies not emitted: an earlier one's IR was
+				 the same (repeated layers; codegen.c) */
 } kiln_compile_stats_t;
 
 /*

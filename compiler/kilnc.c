@@ -631,11 +631,12 @@ int main(int argc, char **argv)
 				"compile: median %.1f ms over %d (lower %.1f, "
 				"sched %.1f, codegen %.1f, O3 %.1f, emit %.1f, "
 				"link %.1f); %u kernels (+%u epilogues), %u "
-				"fallback steps; %.2f ms per kernel\n",
+				"fallback steps, %u bodies shared; %.2f ms per "
+				"kernel\n",
 				times[reps / 2], reps, st.lower_ms, st.sched_ms,
 				st.codegen_ms, st.opt_ms, st.emit_ms,
 				st.link_ms, st.n_kernels, st.n_epilogues,
-				st.n_fallbacks,
+				st.n_fallbacks, st.n_shared,
 				st.n_kernels + st.n_epilogues
 				    ? times[reps / 2] /
 					  (st.n_kernels + st.n_epilogues)

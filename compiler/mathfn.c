@@ -95,7 +95,8 @@ static LLVMValueRef exp_f32_avx512(gen_t *g, LLVMValueRef x, int w)
  * bits shifted left by 23: no conversion), n <= 127 so that 2^n stays
  * finite, r = x - n·ln 2 in two steps, e^r by Cephes's degree-7 form (a
  * wider r than ln 2/2 only at n = 127, where it stays within 1e-6), then the
- * overflow (+inf) and underflow (0) results by x. 21 instructions where the
+ * overflow (+inf from 88.7228..., where expf overflows) and underflow (0)
+ * results by x. 21 instructions where the
  * floor/convert/NaN-select form took 25. NaN propagates: every step of it
  * keeps a NaN. */
 static LLVMValueRef exp_f32(gen_t *g, LLVMValueRef x, int w)
@@ -120,7 +121,7 @@ static LLVMValueRef exp_f32(gen_t *g, LLVMValueRef x, int w)
 	LLVMValueRef s =
 	    as_float(g, LLVMBuildShl(g->b, as_int(g, t, w), I(23), ""), w);
 	y = FMUL(y, s);
-	y = SEL(FCMP(LLVMRealOGT, x, F(hi)), F(INFINITY), y);
+	y = SEL(FCMP(LLVMRealOGE, x, F(hi)), F(INFINITY), y);
 	return SEL(FCMP(LLVMRealOLT, x, F(lo)), F(0.0), y);
 }
 

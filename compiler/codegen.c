@@ -1772,11 +1772,6 @@ static void kernel_extent(cctx_t *c, kernel_t *k)
 
 /* ---- matrix products through BLAS ---------------------------------------- */
 
-/* A module-level pointer to cblas_?gemm, found on first use with
- * dlopen(path) + dlsym on that handle (so it is the BLAS the compiler
- * probed, never another library's symbol of the same name); OpenBLAS is
- * told to stay single-threaded, as kiln's own pool runs the row blocks in
- * parallel. Racing first uses store the same pointer (monotonic atomics). */
 /* A module-level constant string under a fixed name, made on first use:
  * bodies that use it print alike (unnamed globals are numbered across the
  * module, which would make every body that names one unique). */
@@ -1795,6 +1790,11 @@ static LLVMValueRef mod_str(gen_t *g, const char *name, const char *text)
 	return gv;
 }
 
+/* A module-level pointer to cblas_?gemm, found on first use with
+ * dlopen(path) + dlsym on that handle (so it is the BLAS the compiler
+ * probed, never another library's symbol of the same name); OpenBLAS is
+ * told to stay single-threaded, as kiln's own pool runs the row blocks in
+ * parallel. Racing first uses store the same pointer (monotonic atomics). */
 static LLVMValueRef blas_fn(gen_t *g, bool f64)
 {
 	const char *gname = f64 ? "kiln_dgemm_fp" : "kiln_sgemm_fp";

@@ -1004,13 +1004,15 @@ static void loop_begin(gen_t *g, loop_t *L, LLVMValueRef lo, LLVMValueRef hi,
 	memo_clear(g);
 }
 
-static void loop_end(gen_t *g, loop_t *L)
+/* Returns the back edge (a branch to the condition). */
+static LLVMValueRef loop_end(gen_t *g, loop_t *L)
 {
 	LLVMValueRef n = LLVMBuildAdd(g->b, L->i, L->step, "");
 	LLVMBuildStore(g->b, n, L->iv);
-	LLVMBuildBr(g->b, L->cond);
+	LLVMValueRef br = LLVMBuildBr(g->b, L->cond);
 	LLVMPositionBuilderAtEnd(g->b, L->exit);
 	memo_clear(g);
+	return br;
 }
 
 /* loop_end for a loop whose body codegen has unrolled already: its back
@@ -1018,9 +1020,7 @@ static void loop_end(gen_t *g, loop_t *L)
  * LLVM wants self-referential), so that O3 does not unroll it again. */
 static void loop_end_unrolled(gen_t *g, loop_t *L)
 {
-	LLVMValueRef n = LLVMBuildAdd(g->b, L->i, L->step, "");
-	LLVMBuildStore(g->b, n, L->iv);
-	LLVMValueRef br = LLVMBuildBr(g->b, L->cond);
+	LLVMValueRef br = loop_end(g, L);
 	static const char dis[] = "llvm.loop.unroll.disable";
 	LLVMMetadataRef ds =
 	    LLVMMDStringInContext2(g->ctx, dis, sizeof(dis) - 1);
@@ -1030,8 +1030,6 @@ static void loop_end_unrolled(gen_t *g, loop_t *L)
 	LLVMMetadataReplaceAllUsesWith(tmp, id);
 	LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9),
 			LLVMMetadataAsValue(g->ctx, id));
-	LLVMPositionBuilderAtEnd(g->b, L->exit);
-	memo_clear(g);
 }
 
 static LLVMValueRef K64(gen_t *g, int64_t v)
@@ -3557,9 +3555,9 @@ static uint64_t funcs_size(LLVMModuleRef m, LLVMValueRef after)
  * a stage has the same kernels over other buffers. A body whose IR is that of
  * a body generated before is not optimized and emitted again: its callers
  * call the first one (in another module: a hidden symbol the linker resolves
- * inside the .so). The key is the body's printed IR without its own name and
- * without loop-metadata numbers (which count across the module); equal keys
- * are compared in full. */
+ * inside the .so). The key is the body's printed IR without its own name,
+ * its loop-metadata numbers and its attribute group number (which count
+ * across the module); equal keys are compared in full. */
 
 typedef struct body_rec {
 	uint64_t shape; /* body_shape: compared first */
@@ -3738,8 +3736,8 @@ int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod,
 	}
 	body_set_t bs = {NULL, 0, 0};
 	*n_shared = 0;
-	bool share = getenv("KILN_SHARE_BODIES") == NULL ||
-		     getenv("KILN_SHARE_BODIES")[0] != '0';
+	const char *se = getenv("KILN_SHARE_BODIES");
+	bool share = se == NULL || se[0] != '0';
 	int rc = 0;
 	for (uint32_t i = 0; i < c->n_kernels && rc == 0; i++) {
 		if (c->kernels[i].is_fallback || c->kernels[i].is_epilogue)

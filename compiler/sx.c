@@ -49,32 +49,31 @@ static uint32_t hmix(uint32_t h, uint64_t v)
 	return (h ^ (uint32_t)v ^ (uint32_t)(v >> 32)) * 0x01000193u;
 }
 
-static const sx_t *intern(cctx_t *c, sx_t *proto)
+/* A node's hash by content, not address, so compiles are deterministic:
+ * with its buffer id (full: sx_t.hash, over the operands' hash) or without
+ * (sx_t.shash, over the operands' shash). */
+static uint32_t content_hash(const sx_t *p, bool full)
 {
 	uint32_t h = 0x811c9dc5u;
-	h = hmix(h, proto->kind);
-	h = hmix(h, proto->op);
-	h = hmix(h, proto->dt);
-	h = hmix(h, proto->buf);
-	/* hash by content, not address, so compiles are deterministic */
-	h = hmix(h, proto->a ? proto->a->hash : 0);
-	h = hmix(h, proto->b ? proto->b->hash : 1);
-	h = hmix(h, proto->c ? proto->c->hash : 2);
-	h = hmix(h, proto->idx ? ix_hash(proto->idx) : 3);
+	h = hmix(h, p->kind);
+	h = hmix(h, p->op);
+	h = hmix(h, p->dt);
+	if (full)
+		h = hmix(h, p->buf);
+	h = hmix(h, p->a ? (full ? p->a->hash : p->a->shash) : 0);
+	h = hmix(h, p->b ? (full ? p->b->hash : p->b->shash) : 1);
+	h = hmix(h, p->c ? (full ? p->c->hash : p->c->shash) : 2);
+	h = hmix(h, p->idx ? ix_hash(p->idx) : 3);
 	uint64_t kb;
-	memcpy(&kb, &proto->k, sizeof(kb));
-	h = hmix(h, kb);
+	memcpy(&kb, &p->k, sizeof(kb));
+	return hmix(h, kb);
+}
+
+static const sx_t *intern(cctx_t *c, sx_t *proto)
+{
+	uint32_t h = content_hash(proto, true);
 	proto->hash = h;
-	uint32_t sh = 0x811c9dc5u;
-	sh = hmix(sh, proto->kind);
-	sh = hmix(sh, proto->op);
-	sh = hmix(sh, proto->dt);
-	sh = hmix(sh, proto->a ? proto->a->shash : 0);
-	sh = hmix(sh, proto->b ? proto->b->shash : 1);
-	sh = hmix(sh, proto->c ? proto->c->shash : 2);
-	sh = hmix(sh, proto->idx ? ix_hash(proto->idx) : 3);
-	sh = hmix(sh, kb);
-	proto->shash = sh;
+	proto->shash = content_hash(proto, false);
 	if (c->sx_n * 2 >= c->sx_cap) {
 		uint32_t ncap = c->sx_cap ? c->sx_cap * 2 : 1024;
 		sx_t **nt = calloc(ncap, sizeof(*nt));

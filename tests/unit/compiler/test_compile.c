@@ -1557,7 +1557,6 @@ static void one_node(gb_t *b, const char *op, int64_t a0, int64_t a1,
  * elements at once where that many are left, the rest one at a time: add
  * of [3, C] and [3, C], and of [3, C] and a broadcast [1, C], every C from
  * 1 to 37, against the interpreter. */
-
 Test(codegen, pointwise_tails)
 {
 	kiln_compiler_t *kc = new_compiler();

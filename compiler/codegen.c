@@ -3724,7 +3724,7 @@ static LLVMValueRef body_of(gen_t *g, const kernel_t *k)
 }
 
 int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod,
-		    uint32_t *n_shared)
+		    bool share, uint32_t *n_shared)
 {
 	gen_t g[CPU_PAR_MAX];
 	uint64_t size[CPU_PAR_MAX];
@@ -3736,8 +3736,6 @@ int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod,
 	}
 	body_set_t bs = {NULL, 0, 0};
 	*n_shared = 0;
-	const char *se = getenv("KILN_SHARE_BODIES");
-	bool share = se == NULL || se[0] != '0';
 	int rc = 0;
 	for (uint32_t i = 0; i < c->n_kernels && rc == 0; i++) {
 		if (c->kernels[i].is_fallback || c->kernels[i].is_epilogue)

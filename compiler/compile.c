@@ -27,7 +27,8 @@
 
 struct kiln_compiler {
 	cpu_target_t cpu;
-	int threads; /* a compile's threads (compile_threads) */
+	int threads;	   /* a compile's threads (compile_threads) */
+	bool share_bodies; /* KILN_SHARE_BODIES (share_bodies) */
 	char fingerprint[160];
 	char blas[256];		 /* "" when no BLAS library is loadable */
 	kiln_tune_cache_t *tune; /* max-autotune's decisions (autotune.c) */
@@ -77,6 +78,24 @@ static int compile_threads(int *out, char *err, size_t errlen)
 	return 0;
 }
 
+/* Whether a compile shares identical kernel bodies (codegen.c share_body):
+ * KILN_SHARE_BODIES unset, empty or "1": yes; "0": no; anything else is an
+ * error naming it (so that "off" does not silently leave it on). Read once,
+ * when the compiler is made. */
+static int share_bodies(bool *out, char *err, size_t errlen)
+{
+	const char *env = getenv("KILN_SHARE_BODIES");
+	*out = true;
+	if (env == NULL || env[0] == '\0' || strcmp(env, "1") == 0)
+		return 0;
+	if (strcmp(env, "0") == 0) {
+		*out = false;
+		return 0;
+	}
+	return kiln__errf(err, errlen, KILN_EBADREQ,
+			  "KILN_SHARE_BODIES=\"%.40s\": expected 0 or 1", env);
+}
+
 int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 		      char *err, size_t errlen)
 {
@@ -91,6 +110,8 @@ int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 	if (c == NULL)
 		return -ENOMEM;
 	int rc = compile_threads(&c->threads, err, errlen);
+	if (rc == 0)
+		rc = share_bodies(&c->share_bodies, err, errlen);
 	if (rc == 0)
 		rc = cpu_target_init(&c->cpu, target, err, errlen);
 	if (rc != 0) {
@@ -870,7 +891,8 @@ int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
 		ctxs[p] = parts[p].ctx;
 		mods[p] = parts[p].mod;
 	}
-	rc = codegen_modules(&c, np, ctxs, mods, &st->n_shared);
+	rc = codegen_modules(&c, np, ctxs, mods, kc->share_bodies,
+			     &st->n_shared);
 	double t2 = kiln__now_ms();
 	st->codegen_ms = t2 - t1;
 	if (rc == 0 && emit == KILN_EMIT_LLVM_RAW) {

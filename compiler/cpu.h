@@ -52,6 +52,6 @@ int cpu_link(cpu_target_t *t, int n, uint8_t *const *objs, const size_t *lens,
  * kernel into the module with the fewest IR instructions so far, so that
  * the modules take about the same time to optimize and emit. */
 int codegen_modules(cctx_t *c, int n, void **llvm_ctx, void **llvm_mod,
-		    uint32_t *n_shared);
+		    bool share, uint32_t *n_shared);
 
 #endif

@@ -388,23 +388,27 @@ Test(codegen, repeated_layers_share_bodies, .timeout = 300)
 {
 	static const char *const names[] = {"gpt2_fwd", "bert_fwd"};
 	setenv("KILN_COMPILE_THREADS", "4", 1);
-	kiln_compiler_t *kc = new_compiler();
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-		char gpath[1024], iopath[1024], err[1024];
-		snprintf(gpath, sizeof(gpath), "%s/graphs/%s.graph.msgpack",
-			 KILN_TEST_DATA_DIR, names[i]);
-		snprintf(iopath, sizeof(iopath), "%s/graphs/%s.io.msgpack",
-			 KILN_TEST_DATA_DIR, names[i]);
-		kiln_graph_t *g = NULL;
-		cr_assert_eq(kiln_td_graph_load(gpath, &g, err, sizeof(err)), 0,
-			     "%s: %s", gpath, err);
-		kiln_td_io_t io;
-		memset(&io, 0, sizeof(io));
-		cr_assert_eq(kiln_td_io_load(iopath, &io, err, sizeof(err)), 0,
-			     "%s: %s", iopath, err);
-		for (int share = 1; share >= 0; share--) {
-			/* read by every compile */
-			setenv("KILN_SHARE_BODIES", share ? "1" : "0", 1);
+	for (int share = 1; share >= 0; share--) {
+		/* read when the compiler is made */
+		setenv("KILN_SHARE_BODIES", share ? "1" : "0", 1);
+		kiln_compiler_t *kc = new_compiler();
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+			char gpath[1024], iopath[1024], err[1024];
+			snprintf(gpath, sizeof(gpath),
+				 "%s/graphs/%s.graph.msgpack",
+				 KILN_TEST_DATA_DIR, names[i]);
+			snprintf(iopath, sizeof(iopath),
+				 "%s/graphs/%s.io.msgpack", KILN_TEST_DATA_DIR,
+				 names[i]);
+			kiln_graph_t *g = NULL;
+			cr_assert_eq(
+			    kiln_td_graph_load(gpath, &g, err, sizeof(err)), 0,
+			    "%s: %s", gpath, err);
+			kiln_td_io_t io;
+			memset(&io, 0, sizeof(io));
+			cr_assert_eq(
+			    kiln_td_io_load(iopath, &io, err, sizeof(err)), 0,
+			    "%s: %s", iopath, err);
 			uint32_t all, shared = n_shared(kc, g, &all);
 			if (share)
 				cr_expect_geq(shared, all / 4,
@@ -419,11 +423,11 @@ Test(codegen, repeated_layers_share_bodies, .timeout = 300)
 			check(kc, g, &io, &r);
 			cr_expect(r.ok, "%s (share %d): %s", names[i], share,
 				  r.msg);
+			kiln_td_io_free(&io);
+			kiln_graph_free(g);
 		}
-		kiln_td_io_free(&io);
-		kiln_graph_free(g);
+		kiln_compiler_free(kc);
 	}
-	kiln_compiler_free(kc);
 }
 
 Test(fusion, softmax_is_one_kernel)
@@ -1703,6 +1707,31 @@ Test(settings, compile_threads_are_checked)
 	cr_assert_eq(kiln_compiler_new(NULL, &kc, err, sizeof(err)), 0, "%s",
 		     err);
 	kiln_compiler_free(kc);
+}
+
+/* KILN_SHARE_BODIES is read when the compiler is made: anything but 0 or
+ * 1 (or unset, or empty) is an error naming it, so that "off" cannot leave
+ * sharing on unnoticed; 0 and 1 make a compiler. */
+Test(settings, share_bodies_is_checked)
+{
+	char err[512];
+	kiln_compiler_t *kc = NULL;
+	const char *bad[] = {"off", "false", "2", "yes", "01"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv("KILN_SHARE_BODIES", bad[i], 1);
+		int rc = kiln_compiler_new(NULL, &kc, err, sizeof(err));
+		cr_assert_neq(rc, 0, "%s accepted", bad[i]);
+		cr_assert_null(kc);
+		cr_expect(strstr(err, "KILN_SHARE_BODIES=") != NULL, "%s", err);
+	}
+	const char *good[] = {"0", "1", ""};
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		setenv("KILN_SHARE_BODIES", good[i], 1);
+		cr_assert_eq(kiln_compiler_new(NULL, &kc, err, sizeof(err)), 0,
+			     "%s: %s", good[i], err);
+		kiln_compiler_free(kc);
+		kc = NULL;
+	}
 }
 
 /* KILN_MATH is read once, when the compiler is made: an unknown value

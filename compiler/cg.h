@@ -16,6 +16,8 @@ typedef struct cgmemo {
 	uint32_t cap, n;
 } cgmemo_t;
 
+#define CG_MAX_HOIST 16
+
 typedef struct gen {
 	cctx_t *c;
 	kernel_t *k;
@@ -47,6 +49,12 @@ typedef struct gen {
 	uint32_t n_scratch;
 	uint32_t scratch_buf[16];
 	LLVMValueRef scratch[16];
+	/* row kernels: values of the current pass that do not change along
+	 * the reduced dims, computed once per unit before its loops */
+	uint32_t n_hoist;
+	const struct sx *hoist_e[CG_MAX_HOIST];
+	LLVMValueRef hoist_v[CG_MAX_HOIST];
+	int hoist_w[CG_MAX_HOIST];
 	/* zero page for masked scalar loads */
 	LLVMValueRef zero_page;
 	bool use_libmvec;

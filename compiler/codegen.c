@@ -922,6 +922,18 @@ static LLVMValueRef emit_sx(gen_t *g, const sx_t *e)
 	if (v != NULL)
 		return v;
 	int w = g->W;
+	for (uint32_t i = 0; i < g->n_hoist; i++) {
+		if (g->hoist_e[i] != e)
+			continue;
+		if (g->hoist_w[i] == w)
+			return g->hoist_v[i];
+		if (g->hoist_w[i] == 1) {
+			v = cg_splat(g, g->hoist_v[i], w);
+			memo_put(g, e, v);
+			return v;
+		}
+		break;
+	}
 	switch ((sx_kind_t)e->kind) {
 	case SX_CONST:
 		v = cconst(g, e->k.f, e->k.i, (kiln_dtype_t)e->dt, w);
@@ -1511,6 +1523,122 @@ static void gen_row_members(gen_t *g, int32_t p, int w)
 	}
 }
 
+/* ---- row-invariant values ------------------------------------------------ */
+
+/* Whether e has the same value at every reduced position of the current
+ * row: its indices use no reduced var (rvars), and its loads are values
+ * this unit has already computed (a reduction of an earlier pass, a row
+ * member). Memory loads are left in the loop, as they cost one load and
+ * need not be safe to make when the reduced extent is 0; so are integer
+ * divisions, which could trap there. inv caches the answers by node
+ * (1: invariant, 2: not), so a shared subtree is looked at once. */
+typedef struct {
+	const sx_t *key[256];
+	uint8_t val[256];
+} invset_t;
+
+static bool row_invariant(gen_t *g, const sx_t *e, uint64_t rvars,
+			  invset_t *inv)
+{
+	uint32_t h = (e->hash * 0x9e3779b1u) & 255u, j = h;
+	while (inv->key[j] != NULL) {
+		if (inv->key[j] == e)
+			return inv->val[j] == 1;
+		j = (j + 1) & 255u;
+		if (j == h)
+			return false; /* full: no answer, so not hoisted */
+	}
+	bool ok = false;
+	switch ((sx_kind_t)e->kind) {
+	case SX_CONST: ok = true; break;
+	case SX_INDEX: ok = (ix_vars(e->idx) & rvars) == 0; break;
+	case SX_LOAD: {
+		const cbuf_t *b = &g->c->bufs[e->buf];
+		if (e->b != NULL || e->a != NULL || b->kind != CB_TEMP ||
+		    b->kernel != (int32_t)(g->k - g->c->kernels))
+			break;
+		for (uint32_t i = 0; i < g->k->n_members; i++) {
+			const kmember_t *m = &g->k->members[i];
+			if (g->c->nodes[m->node].buf != e->buf ||
+			    g->mval[i] == NULL)
+				continue;
+			ok = e->idx == m->sidx;
+			break;
+		}
+		break;
+	}
+	case SX_UN: ok = row_invariant(g, e->a, rvars, inv); break;
+	case SX_BIN:
+		ok = (kiln_dtype_is_float((kiln_dtype_t)e->dt) ||
+		      (e->op != OP_DIV && e->op != OP_FLOORDIV &&
+		       e->op != OP_TRUNCDIV && e->op != OP_REM &&
+		       e->op != OP_FMOD)) &&
+		     row_invariant(g, e->a, rvars, inv) &&
+		     row_invariant(g, e->b, rvars, inv);
+		break;
+	case SX_WHERE:
+		ok = row_invariant(g, e->a, rvars, inv) &&
+		     row_invariant(g, e->b, rvars, inv) &&
+		     row_invariant(g, e->c, rvars, inv);
+		break;
+	case SX_CAST: ok = row_invariant(g, e->a, rvars, inv); break;
+	}
+	inv->key[j] = e;
+	inv->val[j] = ok ? 1 : 2;
+	return ok;
+}
+
+/* Finds the largest row-invariant subtrees of e that compute something
+ * (not a bare load, constant or index) and emits each once, at the unit's
+ * width, into g's hoist table. */
+static void hoist_collect(gen_t *g, const sx_t *e, uint64_t rvars,
+			  invset_t *inv)
+{
+	if (e == NULL || g->n_hoist == CG_MAX_HOIST)
+		return;
+	bool op = e->kind == SX_UN || e->kind == SX_BIN ||
+		  e->kind == SX_WHERE || e->kind == SX_CAST;
+	if (op && row_invariant(g, e, rvars, inv)) {
+		for (uint32_t i = 0; i < g->n_hoist; i++)
+			if (g->hoist_e[i] == e)
+				return;
+		LLVMValueRef v = emit_sx(g, e);
+		g->hoist_e[g->n_hoist] = e;
+		g->hoist_v[g->n_hoist] = v;
+		g->hoist_w[g->n_hoist] = g->W;
+		g->n_hoist++;
+		return;
+	}
+	if (e->kind == SX_LOAD) {
+		hoist_collect(g, e->a, rvars, inv);
+		hoist_collect(g, e->b, rvars, inv);
+		return;
+	}
+	if (op) {
+		hoist_collect(g, e->a, rvars, inv);
+		hoist_collect(g, e->b, rvars, inv);
+		hoist_collect(g, e->c, rvars, inv);
+	}
+}
+
+/* Hoists what pass p's members compute once per row (a softmax's
+ * log(sum) + max, a layer norm's rsqrt(var + eps)) out of its loops. */
+static void hoist_pass(gen_t *g, int32_t p, uint64_t rvars)
+{
+	static invset_t zero;
+	invset_t *inv = malloc(sizeof(*inv));
+	if (inv == NULL)
+		return;
+	*inv = zero;
+	memo_clear(g);
+	for (uint32_t i = 0; i < g->k->n_members; i++) {
+		const kmember_t *m = &g->k->members[i];
+		if (m->pass == p && m->role != ROLE_ROW)
+			hoist_collect(g, m->body, rvars, inv);
+	}
+	free(inv);
+}
+
 /* One unit of a row kernel. uw: the unit's width (outer-vectorized: W lanes
  * = W rows; inner-vectorized: 1). */
 static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
@@ -1535,9 +1663,15 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
 				racc_init(g, &acc[i], n->red, dt, lw);
 			}
 		}
+		uint64_t rvars = 0;
+		for (uint32_t i = 0; i < nr; i++)
+			rvars |= 1ull << rd[i];
+		g->W = uw;
+		hoist_pass(g, p, rvars);
 		memo_clear(g);
 		gen_loops(g, rd, nr, 0, p, acc, lw, inner_vec, NULL, NULL);
 		memo_clear(g);
+		g->n_hoist = 0;
 		g->W = uw;
 		/* finalize */
 		for (uint32_t i = 0; i < k->n_members; i++) {

@@ -712,6 +712,67 @@ static bool below(cctx_t *c, const poly_t *r, const poly_t *d)
 	return true;
 }
 
+/* The symbolic form of split_by_factor: for a monomial divisor d, finds a
+ * monomial a that divides d (m = d / a) with p = a*q + r and 0 <= r < a,
+ * so p // d = q // m and p % d = a*(q % m) + r. The candidates come from
+ * p's terms: a's coefficient is the gcd of the term's and d's, its atoms
+ * the ones the term shares with d. Among those that hold, the one with the
+ * most atoms, then the largest coefficient, wins. A reshape of a dynamic
+ * [2*s, 192] into [s, 2, 3, 8, 16] reads ((16*i1 + i2 + 16*s*i0) //
+ * (64*s)), which is i0 // 4 for i1 < s and i2 < 16. */
+static bool symsplit_factor(cctx_t *c, const poly_t *p, const term_t *d,
+			    term_t *a, term_t *m, poly_t *q, poly_t *r)
+{
+	bool found = false;
+	for (uint32_t i = 0; i < p->n; i++) {
+		const term_t *t = &p->t[i];
+		if (t->n == 0)
+			continue;
+		int64_t x = t->coef < 0 ? -t->coef : t->coef, y = d->coef;
+		while (y != 0) {
+			int64_t z = x % y;
+			x = y;
+			y = z;
+		}
+		term_t ca = {x, 0, {0}}, cm = {d->coef / x, 0, {0}};
+		uint8_t j = 0;
+		for (uint8_t k = 0; k < d->n; k++) {
+			while (j < t->n && idof(t->at[j]) < idof(d->at[k]))
+				j++;
+			if (j < t->n && t->at[j] == d->at[k]) {
+				ca.at[ca.n++] = d->at[k];
+				j++;
+			} else {
+				cm.at[cm.n++] = d->at[k];
+			}
+		}
+		/* a == d is symdiv's case; a == 1 splits nothing */
+		if ((cm.n == 0 && cm.coef == 1) || (ca.n == 0 && ca.coef == 1))
+			continue;
+		if (found &&
+		    (ca.n < a->n || (ca.n == a->n && ca.coef <= a->coef)))
+			continue;
+		poly_t qq, rr, ap = {0, false, {{0}}};
+		psplit_mono(p, &ca, &qq, &rr);
+		padd_term(&ap, &ca);
+		if (qq.bad || rr.bad || qq.n == 0 || !below(c, &rr, &ap))
+			continue;
+		*a = ca;
+		*m = cm;
+		*q = qq;
+		*r = rr;
+		found = true;
+	}
+	return found;
+}
+
+static const kiln_expr_t *pmono(cctx_t *c, const term_t *t)
+{
+	poly_t p = {0, false, {{0}}};
+	padd_term(&p, t);
+	return pto(c, &p);
+}
+
 /* p // d and p % d for a symbolic monomial divisor d: p = q*d + r with
  * 0 <= r < d gives q and r. */
 static bool symdiv(cctx_t *c, const kiln_expr_t *a, const kiln_expr_t *b,
@@ -771,10 +832,15 @@ const kiln_expr_t *ix_floordiv(cctx_t *c, const kiln_expr_t *a,
 			}
 		}
 	} else if (b->kind != KILN_EX_CONST) {
-		poly_t p, q, r;
+		poly_t p, q, r, d;
 		if (symdiv(c, a, b, &q, &r))
 			return pto(c, &q);
 		pfrom(a, &p);
+		pfrom(b, &d);
+		term_t fa, fm;
+		if (!p.bad && !d.bad && d.n == 1 && d.t[0].coef > 0 &&
+		    symsplit_factor(c, &p, &d.t[0], &fa, &fm, &q, &r))
+			return ix_floordiv(c, pto(c, &q), pmono(c, &fm));
 		if (!p.bad) {
 			psplit_atom(&p, b, &q, &r);
 			if (!q.bad && r.n == 0)
@@ -814,10 +880,19 @@ const kiln_expr_t *ix_mod(cctx_t *c, const kiln_expr_t *a, const kiln_expr_t *b)
 				return mk(c, KILN_EX_MOD, 0, 0, pto(c, &r), b);
 		}
 	} else if (b->kind != KILN_EX_CONST) {
-		poly_t p, q, r;
+		poly_t p, q, r, d;
 		if (symdiv(c, a, b, &q, &r))
 			return pto(c, &r);
 		pfrom(a, &p);
+		pfrom(b, &d);
+		term_t fa, fm;
+		if (!p.bad && !d.bad && d.n == 1 && d.t[0].coef > 0 &&
+		    symsplit_factor(c, &p, &d.t[0], &fa, &fm, &q, &r))
+			return ix_add(
+			    c,
+			    ix_mul(c, pmono(c, &fa),
+				   ix_mod(c, pto(c, &q), pmono(c, &fm))),
+			    pto(c, &r));
 		if (!p.bad) {
 			psplit_atom(&p, b, &q, &r);
 			if (!r.bad && q.n > 0) {

@@ -753,6 +753,19 @@ def test_kilnc_profile_times_every_step(kilnc):
     assert abs(pct - 100.0) < 0.5 * n  # rounded shares of the whole
 
 
+def test_kilnc_dynamic_reshape_divides_by_constants(kilnc):
+    """transformer_dyn_fwd's attention reshapes [2*s50, 192] into [s50, 2, 3,
+    8, 16]: (16*i1 + i2 + 16*s50*i0) // (64*s50) is i0 // 4, as i1 < s50 and
+    i2 < 16 (ix.c symsplit_factor). No index of the lowered graph divides by
+    an expression of the symbol; a division per element by 64*s50 made
+    LLVM scalarize 8-lane 64-bit divisions and gather."""
+    g = os.path.join(CORPUS_DIR, "transformer_dyn_fwd.graph.msgpack")
+    r = _run([kilnc, g, "--emit=ir"])
+    assert r.returncode == 0, r.stderr
+    assert "(i0//4)" in r.stdout, r.stdout
+    assert not re.search(r"(//|%)\(?[0-9*]*s50", r.stdout), r.stdout
+
+
 def test_kilnc_profile_without_run_is_a_usage_error(kilnc):
     g = os.path.join(CORPUS_DIR, "mlp_fwd.graph.msgpack")
     r = _run([kilnc, g, "--profile"])

@@ -1439,6 +1439,100 @@ Test(dynamic, one_artifact_many_sizes)
 	kiln_compiler_free(kc);
 }
 
+/* transformer_dyn_fwd (a TransformerEncoderLayer, sequence first, its
+ * length the symbol s50) at lengths it was not captured at, against the
+ * interpreter. Its attention reshapes [2*s50, 192] into [s50, 2, 3, 8, 16]
+ * and reads the pieces transposed: index arithmetic that divides by
+ * 64*s50, which ix.c reduces to a division by 4 (symsplit_factor); and its
+ * softmax hoists log(sum) + max out of the row loop. Both are checked by
+ * the numbers here, at sizes where a wrong reduction would read the wrong
+ * rows. */
+Test(dynamic, transformer_dyn_many_lengths, .timeout = 120)
+{
+	kiln_compiler_t *kc = new_compiler();
+	char path[1024], err[512];
+	kiln_graph_t *g = NULL;
+	snprintf(path, sizeof(path),
+		 "%s/graphs/transformer_dyn_fwd.graph.msgpack",
+		 KILN_TEST_DATA_DIR);
+	cr_assert_eq(kiln_td_graph_load(path, &g, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_assert_eq(g->n_symbols, 1);
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	int rc = kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	kiln_module_t *m = NULL;
+	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	const int64_t lens[] = {2, 3, 9, 21};
+	for (size_t t = 0; t < sizeof(lens) / sizeof(lens[0]); t++) {
+		int64_t sv = lens[t];
+		uint32_t n = g->n_inputs;
+		kiln_tensor_t *x = calloc(n, sizeof(*x));
+		kiln_io_t *in = calloc(n, sizeof(*in));
+		cr_assert(x != NULL && in != NULL);
+		for (uint32_t i = 0; i < n; i++) {
+			const kiln_value_t *v = &g->values[i];
+			if (v->kind == KILN_VAL_SYMINT) {
+				cr_assert_eq(kiln_td_tensor_alloc(
+						 &x[i], KILN_DT_I64, 0, NULL),
+					     0);
+				*(int64_t *)x[i].data = sv;
+				in[i] = (kiln_io_t){KILN_IO_INT, sv, x[i]};
+				continue;
+			}
+			int64_t sz[8];
+			cr_assert_leq(v->rank, 8);
+			for (uint32_t d = 0; d < v->rank; d++) {
+				sz[d] = v->sizes[d].c;
+				if (v->sizes[d].e != NULL)
+					cr_assert_eq(
+					    kiln_expr_eval(v->sizes[d].e, &sv,
+							   &sz[d]),
+					    0);
+			}
+			cr_assert_eq(
+			    kiln_td_tensor_alloc(&x[i], v->dtype, v->rank, sz),
+			    0);
+			int64_t ne = kiln_td_numel(&x[i]);
+			cr_assert_eq(v->dtype, KILN_DT_F32);
+			for (int64_t e = 0; e < ne; e++)
+				((float *)x[i].data)[e] =
+				    (float)kiln_td_prng_uniform(
+					(uint64_t)(100 * t + i), (uint64_t)e,
+					-1, 1);
+			in[i] = (kiln_io_t){KILN_IO_TENSOR, 0, x[i]};
+		}
+		void *ob[1] = {NULL};
+		kiln_io_t out[1];
+		cr_assert_eq(g->n_outputs, 1);
+		rc = kiln_module_run(m, in, n, ob, out, NULL, err, sizeof(err));
+		cr_assert_eq(rc, 0, "s50 = %lld: %s", (long long)sv, err);
+		kiln_tensor_t ref[1];
+		rc = kiln_interp_run(g, x, ref, err, sizeof(err));
+		cr_assert_eq(rc, 0, "interp: %s", err);
+		/* [2, s50, 64] */
+		cr_expect(out[0].t.rank == 3 && out[0].t.sizes[1] == sv &&
+			      ref[0].rank == 3 && ref[0].sizes[1] == sv,
+			  "s50 = %lld: rank %u, dim 1 %lld", (long long)sv,
+			  out[0].t.rank, (long long)out[0].t.sizes[1]);
+		kiln_td_cmp_t cr;
+		cr_expect(kiln_td_compare(&out[0].t, &ref[0], 1e-4, 1e-5, &cr),
+			  "s50 = %lld: %s", (long long)sv, cr.msg);
+		free(ref[0].data);
+		free(ob[0]);
+		for (uint32_t i = 0; i < n; i++)
+			kiln_td_tensor_free(&x[i]);
+		free(x);
+		free(in);
+	}
+	kiln_module_free(m);
+	kiln_graph_free(g);
+	kiln_compiler_free(kc);
+}
+
 /* ---- two threads compiling at once
  * --------------------------------------- */
 

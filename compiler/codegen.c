@@ -1457,7 +1457,20 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 	LLVMValueRef H =
 	    last && hi ? hi : emit_ix(g, ix_dim(g->c, g->k->fsizes[d]));
 	if (last && vec && w > 1) {
-		if (acc != NULL) {
+		/* A span known when codegen runs (a static extent) or known
+		 * to be a multiple of w (g->span_whole_vectors: chunks of a
+		 * static row whose length w divides) needs no code for the
+		 * pieces that would do no work: not emitting them saves O3
+		 * and instruction selection a copy of the body each. rem is
+		 * what is left for the pieces after those emitted so far;
+		 * -1: not known. */
+		int64_t rem = -1;
+		if (LLVMIsAConstantInt(L0) && LLVMIsAConstantInt(H))
+			rem = LLVMConstIntGetSExtValue(H) -
+			      LLVMConstIntGetSExtValue(L0);
+		bool whole = g->span_whole_vectors && lo != NULL;
+		if (acc != NULL &&
+		    (rem < 0 || rem >= (int64_t)w * RED_UNROLL)) {
 			/* reductions: RED_UNROLL independent accumulators, so
 			 * the loop is not one long dependency chain */
 			loop_t U;
@@ -1475,27 +1488,42 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 			g->slot = 0;
 			loop_end_unrolled(g, &U);
 			L0 = LLVMBuildLoad2(g->b, g->i64, U.iv, "");
+			if (rem >= 0)
+				rem %= (int64_t)w * RED_UNROLL;
 		}
-		loop_t L;
-		loop_begin(g, &L, L0, H, w);
-		g->var[d] = L.i;
-		gen_loops(g, dims, nd, at + 1, p, acc, w, vec, lo, hi);
-		loop_end(g, &L);
-		/* the tail, from where the vector loop stopped */
-		LLVMValueRef from = LLVMBuildLoad2(g->b, g->i64, L.iv, "");
+		LLVMValueRef from = L0;
+		if (rem < 0 || rem >= w) {
+			loop_t L;
+			loop_begin(g, &L, L0, H, w);
+			g->var[d] = L.i;
+			gen_loops(g, dims, nd, at + 1, p, acc, w, vec, lo, hi);
+			loop_end(g, &L);
+			/* the tail, from where the vector loop stopped */
+			from = LLVMBuildLoad2(g->b, g->i64, L.iv, "");
+			if (rem >= 0)
+				rem %= w;
+		}
+		if (whole)
+			rem = 0;
 		/* without accumulators (pointwise): w/2, then w/4 elements
 		 * at once where that many are left, down to 4 lanes */
 		for (int hw = w / 2; acc == NULL && hw >= 4; hw /= 2) {
+			if (rem >= 0 && rem < hw)
+				continue;
 			LLVMBasicBlockRef rest;
 			g->var[d] = part_begin(g, &from, H, hw, &rest);
 			gen_loops(g, dims, nd, at + 1, p, acc, hw, vec, lo, hi);
 			part_end(g, rest);
+			if (rem >= 0)
+				rem -= hw;
 		}
-		loop_t T;
-		loop_begin(g, &T, from, H, 1);
-		g->var[d] = T.i;
-		gen_loops(g, dims, nd, at + 1, p, acc, 1, vec, lo, hi);
-		loop_end(g, &T);
+		if (rem != 0) {
+			loop_t T;
+			loop_begin(g, &T, from, H, 1);
+			g->var[d] = T.i;
+			gen_loops(g, dims, nd, at + 1, p, acc, 1, vec, lo, hi);
+			loop_end(g, &T);
+		}
 		g->W = w;
 		return;
 	}
@@ -1774,7 +1802,13 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			}
 			g->vvar = (int)last;
 			uint32_t dims[1] = {last};
+			/* chunks of a static row that W divides are whole
+			 * vectors (PW_CHUNK is a multiple of every W) */
+			g->span_whole_vectors =
+			    chunked && k->fsizes[last].e == NULL &&
+			    k->fsizes[last].c % W == 0 && PW_CHUNK % W == 0;
 			gen_loops(g, dims, 1, 0, 0, NULL, W, true, lo, hi);
+			g->span_whole_vectors = false;
 		}
 	} else {
 		bool inner_vec = f > 0 && (k->rmask >> (f - 1) & 1);

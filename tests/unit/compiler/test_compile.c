@@ -1677,6 +1677,66 @@ Test(codegen, pointwise_tails)
 	kiln_compiler_free(kc);
 }
 
+/* A static row is generated with only the pieces that do work (codegen.c
+ * gen_loops): the 4-accumulator loop where the row holds 4 vectors, the
+ * one-vector loop where a vector is left, the scalar rest where the width
+ * does not divide it. softmax over rows of every length from 1 to 40 and
+ * around 64 and 128 takes each combination; pointwise rows longer than a
+ * chunk (8192) that the width divides have no tail at all. Against the
+ * interpreter. */
+Test(codegen, static_row_lengths, .timeout = 120)
+{
+	kiln_compiler_t *kc = new_compiler();
+	int64_t lens[48];
+	int n = 0;
+	for (int64_t C = 1; C <= 40; C++)
+		lens[n++] = C;
+	const int64_t more[] = {63, 64, 65, 100, 127, 128, 129};
+	for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++)
+		lens[n++] = more[i];
+	for (int i = 0; i < n; i++) {
+		int64_t C = lens[i];
+		gb_t b;
+		gb_init(&b);
+		graph_head(&b, 1);
+		spec2(&b, "f32", 3, C);
+		s(&b, "nodes");
+		msgpack_pack_array(&b.pk, 1);
+		node_head(&b, "aten._softmax.default", 3);
+		ref(&b, 0);
+		msgpack_pack_int64(&b.pk, 1);
+		msgpack_pack_false(&b.pk);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		spec2(&b, "f32", 3, C);
+		s(&b, "outputs");
+		msgpack_pack_array(&b.pk, 1);
+		ref(&b, 1);
+		kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
+		char what[64];
+		snprintf(what, sizeof(what), "softmax [3, %lld]", (long long)C);
+		expect_matches_interp(kc, g, "default", (uint64_t)C, 1e-5,
+				      what);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	const int64_t wide[] = {16384, 8195, 8192 * 2 + 8};
+	for (size_t i = 0; i < sizeof(wide) / sizeof(wide[0]); i++) {
+		gb_t b;
+		one_node(&b, "aten.add.Tensor", 3, wide[i], 1, wide[i], 3,
+			 wide[i], 0, NULL);
+		kiln_graph_t *g = graph_from_json_like("add", &b.sb);
+		char what[64];
+		snprintf(what, sizeof(what), "add [3, %lld] + [1, %lld]",
+			 (long long)wide[i], (long long)wide[i]);
+		expect_matches_interp(kc, g, "default", (uint64_t)wide[i], 1e-6,
+				      what);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* exp at its edges, each value at every lane position of a row of 37
  * (the 16- or 8-wide body, the 8 and 4 parts, the scalar rest), against
  * libm's expf: relative 2e-6 on the finite range (n = 127 widens the

@@ -430,6 +430,69 @@ Test(codegen, repeated_layers_share_bodies, .timeout = 300)
 	}
 }
 
+/* layer_norm(layer_norm(x) @ w) over rows of 64, with the same eps and
+ * with another: the two row kernels are the same but for the constant, so
+ * the body is shared exactly when the eps are equal (body_key keys
+ * constants by their printed value). Against the interpreter both ways. */
+static void ln_mm_ln(gb_t *b, double eps1, double eps2)
+{
+	gb_init(b);
+	graph_head(b, 2);
+	spec2(b, "f32", 8, 64);
+	spec2(b, "f32", 64, 64);
+	s(b, "nodes");
+	msgpack_pack_array(&b->pk, 3);
+	for (int i = 0; i < 3; i++) {
+		if (i == 1) {
+			node_head(b, "aten.mm.default", 2);
+			ref(b, 2);
+			ref(b, 1);
+			s(b, "out");
+			msgpack_pack_array(&b->pk, 1);
+			spec2(b, "f32", 8, 64);
+			continue;
+		}
+		node_head(b, "aten.native_layer_norm.default", 5);
+		ref(b, i == 0 ? 0 : 5);
+		msgpack_pack_array(&b->pk, 1);
+		msgpack_pack_int64(&b->pk, 64);
+		msgpack_pack_nil(&b->pk);
+		msgpack_pack_nil(&b->pk);
+		msgpack_pack_double(&b->pk, i == 0 ? eps1 : eps2);
+		s(b, "out");
+		msgpack_pack_array(&b->pk, 3);
+		spec2(b, "f32", 8, 64);
+		spec2(b, "f32", 8, 1);
+		spec2(b, "f32", 8, 1);
+	}
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, 6);
+}
+
+Test(codegen, bodies_differing_in_a_constant_are_not_shared)
+{
+	setenv("KILN_SHARE_BODIES", "1", 1);
+	kiln_compiler_t *kc = new_compiler();
+	const double eps2[] = {1e-5, 0.25};
+	for (int i = 0; i < 2; i++) {
+		gb_t b;
+		ln_mm_ln(&b, 1e-5, eps2[i]);
+		kiln_graph_t *g = graph_from_json_like("ln mm ln", &b.sb);
+		uint32_t all, shared = n_shared(kc, g, &all);
+		cr_expect_eq(shared, i == 0 ? 1u : 0u,
+			     "eps 1e-5 and %g: %u of %u bodies shared", eps2[i],
+			     shared, all);
+		expect_matches_interp(kc, g, "default", 11, 1e-5,
+				      i == 0 ? "ln mm ln, same eps"
+					     : "ln mm ln, eps 0.25");
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	kiln_compiler_free(kc);
+	unsetenv("KILN_SHARE_BODIES");
+}
+
 Test(fusion, softmax_is_one_kernel)
 {
 	kiln_compiler_t *kc = new_compiler();

@@ -1653,11 +1653,9 @@ static void hoist_collect(gen_t *g, const sx_t *e, uint64_t rvars,
  * log(sum) + max, a layer norm's rsqrt(var + eps)) out of its loops. */
 static void hoist_pass(gen_t *g, int32_t p, uint64_t rvars)
 {
-	static invset_t zero;
-	invset_t *inv = malloc(sizeof(*inv));
+	invset_t *inv = calloc(1, sizeof(*inv));
 	if (inv == NULL)
 		return;
-	*inv = zero;
 	memo_clear(g);
 	for (uint32_t i = 0; i < g->k->n_members; i++) {
 		const kmember_t *m = &g->k->members[i];
@@ -3775,6 +3773,18 @@ static bool ptab_grow(ptab_t *t)
 	return true;
 }
 
+/* Enters k with number num (k not yet in t). */
+static bool ptab_number(ptab_t *t, const void *k, uint32_t num)
+{
+	if (!ptab_grow(t))
+		return false;
+	uint32_t j = ptab_slot(t, k);
+	t->key[j] = k;
+	t->num[j] = num;
+	t->n++;
+	return true;
+}
+
 static void ptab_free(ptab_t *t, bool strings)
 {
 	for (uint32_t i = 0; strings && i < t->cap; i++)
@@ -3947,13 +3957,7 @@ static char *body_key(LLVMValueRef f, ptab_t *text)
 	bool ok = true;
 	for (unsigned i = 0; i < LLVMCountParams(f) && ok; i++) {
 		LLVMValueRef a = LLVMGetParam(f, i);
-		ok = ptab_grow(&b.local);
-		if (ok) {
-			uint32_t j = ptab_slot(&b.local, a);
-			b.local.key[j] = a;
-			b.local.num[j] = id++;
-			b.local.n++;
-		}
+		ok = ptab_number(&b.local, a, id++);
 	}
 	for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb && ok;
 	     bb = LLVMGetNextBasicBlock(bb)) {
@@ -3961,13 +3965,7 @@ static char *body_key(LLVMValueRef f, ptab_t *text)
 		for (LLVMValueRef v = bv; v != NULL && ok;
 		     v = v == bv ? LLVMGetFirstInstruction(bb)
 				 : LLVMGetNextInstruction(v)) {
-			ok = ptab_grow(&b.local);
-			if (ok) {
-				uint32_t j = ptab_slot(&b.local, v);
-				b.local.key[j] = v;
-				b.local.num[j] = id++;
-				b.local.n++;
-			}
+			ok = ptab_number(&b.local, v, id++);
 		}
 	}
 	if (!ok) {

@@ -430,6 +430,26 @@ Test(codegen, repeated_layers_share_bodies, .timeout = 300)
 	}
 }
 
+/* softmax over dim of an f32 [r, c] input: the graph of several tests. */
+static void softmax_graph(gb_t *b, int64_t r, int64_t c, int64_t dim)
+{
+	gb_init(b);
+	graph_head(b, 1);
+	spec2(b, "f32", r, c);
+	s(b, "nodes");
+	msgpack_pack_array(&b->pk, 1);
+	node_head(b, "aten._softmax.default", 3);
+	ref(b, 0);
+	msgpack_pack_int64(&b->pk, dim);
+	msgpack_pack_false(&b->pk);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	spec2(b, "f32", r, c);
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, 1);
+}
+
 /* layer_norm(layer_norm(x) @ w) over rows of 64, with the same eps and
  * with another: the two row kernels are the same but for the constant, so
  * the body is shared exactly when the eps are equal (body_key keys
@@ -497,21 +517,7 @@ Test(fusion, softmax_is_one_kernel)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
-	gb_init(&b);
-	graph_head(&b, 1);
-	spec2(&b, "f32", 64, 1000);
-	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, 1);
-	node_head(&b, "aten._softmax.default", 3);
-	ref(&b, 0);
-	msgpack_pack_int64(&b.pk, -1);
-	msgpack_pack_false(&b.pk);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 1);
-	spec2(&b, "f32", 64, 1000);
-	s(&b, "outputs");
-	msgpack_pack_array(&b.pk, 1);
-	ref(&b, 1);
+	softmax_graph(&b, 64, 1000, -1);
 	kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
 	char *rep;
 	uint32_t n = n_kernels(kc, g, &rep);
@@ -532,21 +538,7 @@ Test(codegen, outer_vectorized_rows_partial_blocks)
 	kiln_compiler_t *kc = new_compiler();
 	for (int64_t C = 1; C <= 37; C++) {
 		gb_t b;
-		gb_init(&b);
-		graph_head(&b, 1);
-		spec2(&b, "f32", 9, C);
-		s(&b, "nodes");
-		msgpack_pack_array(&b.pk, 1);
-		node_head(&b, "aten._softmax.default", 3);
-		ref(&b, 0);
-		msgpack_pack_int64(&b.pk, 0);
-		msgpack_pack_false(&b.pk);
-		s(&b, "out");
-		msgpack_pack_array(&b.pk, 1);
-		spec2(&b, "f32", 9, C);
-		s(&b, "outputs");
-		msgpack_pack_array(&b.pk, 1);
-		ref(&b, 1);
+		softmax_graph(&b, 9, C, 0);
 		kiln_graph_t *g = graph_from_json_like("softmax dim 0", &b.sb);
 		char what[64];
 		snprintf(what, sizeof(what), "softmax dim 0 of [9, %lld]",
@@ -1760,21 +1752,7 @@ Test(codegen, static_row_lengths, .timeout = 120)
 	for (int i = 0; i < n; i++) {
 		int64_t C = lens[i];
 		gb_t b;
-		gb_init(&b);
-		graph_head(&b, 1);
-		spec2(&b, "f32", 3, C);
-		s(&b, "nodes");
-		msgpack_pack_array(&b.pk, 1);
-		node_head(&b, "aten._softmax.default", 3);
-		ref(&b, 0);
-		msgpack_pack_int64(&b.pk, 1);
-		msgpack_pack_false(&b.pk);
-		s(&b, "out");
-		msgpack_pack_array(&b.pk, 1);
-		spec2(&b, "f32", 3, C);
-		s(&b, "outputs");
-		msgpack_pack_array(&b.pk, 1);
-		ref(&b, 1);
+		softmax_graph(&b, 3, C, 1);
 		kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
 		char what[64];
 		snprintf(what, sizeof(what), "softmax [3, %lld]", (long long)C);

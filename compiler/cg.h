@@ -38,8 +38,9 @@ typedef struct gen {
 	int vvar;			/* the vectorized var, or -1 */
 	int W;				/* current width (1: scalar) */
 	int slot;			/* reduction accumulator in use */
-	bool span_whole_vectors;	/* the lo..hi of gen_loops is a multiple
-					   of the vector width */
+	int red_unroll; /* accumulators per reduction in this pass's loop */
+	bool span_whole_vectors; /* the lo..hi of gen_loops is a multiple
+				    of the vector width */
 	cgmemo_t memo;
 	/* per member: its value for the current point (full members in the
 	 * current iteration; row/reduce members for the current unit) */

@@ -48,7 +48,7 @@ typedef enum {
 	X(NEG) X(ABS) X(EXP) X(EXP2) X(LOG) X(LOG1P) X(LOG2) X(EXPM1) X(SQRT)  \
 	X(RSQRT) X(RECIP) X(SIN) X(COS) X(TAN) X(TANH) X(SIGMOID) X(ERF)       \
 	X(SIGN) X(FLOOR) X(CEIL) X(ROUND) X(TRUNC) X(NOT) X(BITNOT) X(ISNAN)   \
-	X(ATAN)                                                                \
+	X(ATAN) X(EXPNP)                                                       \
 	/* binary */                                                           \
 	X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD)     \
 	X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)      \
@@ -324,7 +324,8 @@ const sx_t *sx_cast(cctx_t *c, const sx_t *a, kiln_dtype_t dt);
 const sx_t *sx_subst(cctx_t *c, const sx_t *e, const kiln_expr_t *const *map,
 		     uint32_t n);
 uint32_t sx_size(const sx_t *e, uint32_t limit); /* nodes, up to limit */
-bool sx_is_heavy(const sx_t *e); /* transcendental or many loads */
+bool sx_is_heavy(const sx_t *e);	   /* transcendental or many loads */
+bool sx_has_transcendental(const sx_t *e); /* exp, log, erf, pow, ... */
 bool sx_is_float(const sx_t *e);
 const char *sx_op_name(sx_op_t op);
 bool sx_op_is_unary(sx_op_t op);

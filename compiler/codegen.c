@@ -1061,12 +1061,22 @@ static LLVMValueRef udiv_up(gen_t *g, LLVMValueRef x, int64_t d)
 /* ---- reductions ---------------------------------------------------------- */
 
 #define RED_UNROLL 4 /* independent accumulators in vector reduce loops */
+/* ... and in a pass whose body has a transcendental (exp, erf, ...) on a
+ * target with 16 vector registers (AVX2): its body's
+ * constants and temporaries, four copies of them at once, spilled: the
+ * exp pass of softmax over rows of 1024 took 31 instructions and 8.5
+ * cycles a vector with four (llvm-mca -mcpu=znver3), 26.5 and 7.3 with
+ * two, and ran 1.1-1.4x faster at 4 MB (bench_kernels --threads 2, four
+ * rounds interleaved). With two the adds into each accumulator are still
+ * far apart next to the body's own latency. */
+#define RED_UNROLL_HEAVY 2
 
 typedef struct racc {
 	LLVMValueRef v, i; /* allocas: value and index accumulators */
 	LLVMValueRef uv[RED_UNROLL], ui[RED_UNROLL]; /* uv[0] = v */
 	LLVMValueRef sv, si; /* scalar (tail) accumulators */
 	int w;		     /* width of v/i */
+	int nu;		     /* slots of uv/ui the loop updates */
 	kiln_dtype_t dt;     /* compute dtype */
 	red_op_t op;
 } racc_t;
@@ -1161,6 +1171,7 @@ static void racc_init(gen_t *g, racc_t *r, red_op_t op, kiln_dtype_t dt, int w)
 	r->op = op;
 	r->dt = dt;
 	r->w = w;
+	r->nu = g->red_unroll;
 	bool arg = op == RED_ARGMAX || op == RED_ARGMIN;
 	for (int u = 0; u < RED_UNROLL; u++) {
 		r->uv[u] = entry_alloca(g, cg_type(g, dt, w));
@@ -1246,10 +1257,14 @@ static void racc_final_scalar(gen_t *g, racc_t *r, LLVMValueRef *val,
 {
 	int w = r->w;
 	LLVMValueRef vals[64], ids[64];
-	if (w > 1) {
+	/* the slots the loop did not update hold the identity: merged in,
+	 * an arg-reduction's would tie at index 0 */
+	if (w > 1 && r->nu == 4) {
 		racc_merge(g, r, 0, 1);
 		racc_merge(g, r, 2, 3);
 		racc_merge(g, r, 0, 2);
+	} else if (w > 1 && r->nu == 2) {
+		racc_merge(g, r, 0, 1);
 	}
 	LLVMValueRef vv = LLVMBuildLoad2(g->b, cg_type(g, r->dt, w), r->v, "");
 	LLVMValueRef vi =
@@ -1469,13 +1484,14 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 			rem = LLVMConstIntGetSExtValue(H) -
 			      LLVMConstIntGetSExtValue(L0);
 		bool whole = g->span_whole_vectors && lo != NULL;
-		if (acc != NULL &&
-		    (rem < 0 || rem >= (int64_t)w * RED_UNROLL)) {
-			/* reductions: RED_UNROLL independent accumulators, so
-			 * the loop is not one long dependency chain */
+		int ru = g->red_unroll;
+		if (acc != NULL && ru > 1 &&
+		    (rem < 0 || rem >= (int64_t)w * ru)) {
+			/* reductions: ru independent accumulators, so the
+			 * loop is not one long dependency chain */
 			loop_t U;
-			loop_begin(g, &U, L0, H, (int64_t)w * RED_UNROLL);
-			for (int u = 0; u < RED_UNROLL; u++) {
+			loop_begin(g, &U, L0, H, (int64_t)w * ru);
+			for (int u = 0; u < ru; u++) {
 				memo_clear(g);
 				g->slot = u;
 				g->var[d] = LLVMBuildAdd(
@@ -1489,7 +1505,7 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 			loop_end_unrolled(g, &U);
 			L0 = LLVMBuildLoad2(g->b, g->i64, U.iv, "");
 			if (rem >= 0)
-				rem %= (int64_t)w * RED_UNROLL;
+				rem %= (int64_t)w * ru;
 		}
 		LLVMValueRef from = L0;
 		if (rem < 0 || rem >= w) {
@@ -1665,6 +1681,21 @@ static void hoist_pass(gen_t *g, int32_t p, uint64_t rvars)
 	free(inv);
 }
 
+/* Accumulators per reduction in pass p's vector loop (RED_UNROLL_HEAVY
+ * above). */
+static int pass_unroll(gen_t *g, int32_t p)
+{
+	if (g->c->vec_width >= 16)
+		return RED_UNROLL;
+	for (uint32_t i = 0; i < g->k->n_members; i++) {
+		const kmember_t *m = &g->k->members[i];
+		if (m->pass == p && m->role != ROLE_ROW &&
+		    sx_has_transcendental(m->body))
+			return RED_UNROLL_HEAVY;
+	}
+	return RED_UNROLL;
+}
+
 /* One unit of a row kernel. uw: the unit's width (outer-vectorized: W lanes
  * = W rows; inner-vectorized: 1). */
 static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
@@ -1681,6 +1712,7 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
 	gen_row_members(g, -1, uw);
 	for (int32_t p = 0; p < k->n_passes; p++) {
 		int lw = inner_vec ? g->c->vec_width : uw;
+		g->red_unroll = pass_unroll(g, p);
 		for (uint32_t i = 0; i < k->n_members; i++) {
 			const kmember_t *m = &k->members[i];
 			if (m->pass == p && m->role == ROLE_RED) {
@@ -3671,6 +3703,7 @@ static void gen_init(gen_t *g, cctx_t *c, void *llvm_ctx, void *llvm_mod)
 {
 	memset(g, 0, sizeof(*g));
 	g->c = c;
+	g->red_unroll = RED_UNROLL;
 	g->ctx = llvm_ctx;
 	g->mod = llvm_mod;
 	g->b = LLVMCreateBuilderInContext(g->ctx);

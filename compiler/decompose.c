@@ -68,7 +68,8 @@ int low_softmax(cctx_t *c, lnode_t *n)
 	const sx_t *xb = lt_body(c, x);
 	const sx_t *mb = lt_bcast_body(c, m, x->rank, x->sizes);
 	const sx_t *sh = sx_bin(c, OP_SUB, xb, mb);
-	lt_t *e = lt_fn(c, acc, x->rank, x->sizes, sx_un(c, OP_EXP, sh));
+	/* x - max <= 0 (or NaN): the exp without an overflow end */
+	lt_t *e = lt_fn(c, acc, x->rank, x->sizes, sx_un(c, OP_EXPNP, sh));
 	lt_t *s;
 	if (e == NULL)
 		return -ENOMEM;
@@ -445,7 +446,7 @@ int low_gelu_backward(cctx_t *c, lnode_t *n)
 					sxf(c, 0.7071067811865476, acc)))));
 		const sx_t *pdf =
 		    sx_bin(c, OP_MUL, sxf(c, 0.3989422804014327, acc),
-			   sx_un(c, OP_EXP,
+			   sx_un(c, OP_EXPNP,
 				 sx_bin(c, OP_MUL, sxf(c, -0.5, acc),
 					sx_bin(c, OP_MUL, xb, xb))));
 		d = sx_bin(c, OP_ADD, cdf, sx_bin(c, OP_MUL, xb, pdf));

@@ -89,39 +89,67 @@ static LLVMValueRef exp_f32_avx512(gen_t *g, LLVMValueRef x, int w)
 		       5);
 }
 
-/* exp elsewhere (AVX2, SSE, scalar): x clamped to [-87.34, 88.72] (NaN
- * passes the ordered comparisons), n = round(x·log2 e) by adding 1.5·2^23 +
- * 127 in the FMA (t's low mantissa bits are then n + 127, so 2^n is t's
- * bits shifted left by 23: no conversion), n <= 127 so that 2^n stays
- * finite, r = x - n·ln 2 in two steps, e^r by Cephes's degree-7 form (a
- * wider r than ln 2/2 only at n = 127, where it stays within 1e-6), then the
- * overflow (+inf from 88.7228..., where expf overflows) and underflow (0)
- * results by x. 21 instructions where the
- * floor/convert/NaN-select form took 25. NaN propagates: every step of it
- * keeps a NaN. */
+/* exp elsewhere (AVX2, SSE, scalar): x clamped below at -87.34 (NaN
+ * passes the ordered comparison), n = round(x·log2 e) by adding 1.5·2^23 +
+ * 127 in the FMA (t's low mantissa bits are then n + 127, so 2^n = s is t's
+ * bits shifted left by 23: no conversion), n <= 127 so that s stays finite,
+ * r = x - n·ln 2 in two steps, then e^x = s + (r·s)·p(r) with p of degree
+ * 5, fitted (Lawson-weighted least squares, minimax relative error) on
+ * [-ln 2/2, ln 2]: the wider r is the one n = 127 leaves for x up to
+ * 88.72. Then the overflow (+inf from 88.7228..., where expf overflows)
+ * and underflow (0) results by x. Max error 1.42 ulp over every f32 in
+ * [-87.33, 88.72] (checked exhaustively against exp in f64), where the
+ * Cephes form it replaced had 5.1 ulp; 18 instructions and 12 vector
+ * constants where that took 21 and 15, so AVX2's 16 registers hold more
+ * of them. x needs no clamp from above: +inf and large x make r and p
+ * +inf (every coefficient is positive), never NaN, and the select gives
+ * +inf anyway. NaN propagates: every step keeps it. */
 static LLVMValueRef exp_f32(gen_t *g, LLVMValueRef x, int w)
 {
 	if (w == 16 && g->c->vec_width == 16)
 		return exp_f32_avx512(g, x, w);
-	static const double p[] = {1.9875691500E-4, 1.3981999507E-3,
-				   8.3334519073E-3, 4.1665795894E-2,
-				   1.6666665459E-1, 5.0000001201E-1};
+	static const double p[] = {0.001631438982736419, 0.008318852521173259,
+				   0.04162001604093293,	 0.16667202859966074,
+				   0.5000022760403067,	 0.999999878208344};
 	const double hi = 88.72283935546875, lo = -87.33654475;
 	const double magic = 12582912.0 + 127.0; /* 1.5·2^23 + bias */
-	LLVMValueRef xc = SEL(FCMP(LLVMRealOGT, x, F(hi)), F(hi), x);
-	xc = SEL(FCMP(LLVMRealOLT, xc, F(lo)), F(lo), xc);
+	LLVMValueRef xc = SEL(FCMP(LLVMRealOLT, x, F(lo)), F(lo), x);
 	LLVMValueRef t = fma_(g, xc, F(1.44269504088896341), F(magic));
 	t = SEL(FCMP(LLVMRealOGT, t, F(magic + 127.0)), F(magic + 127.0), t);
 	LLVMValueRef n = FSUB(t, F(magic));
 	LLVMValueRef r = fma_(g, n, F(-0.693359375), xc);
 	r = fma_(g, n, F(2.12194440e-4), r);
-	LLVMValueRef z = FMUL(r, r);
-	LLVMValueRef y = poly(g, r, p, 6, w);
-	y = fma_(g, y, z, FADD(r, F(1.0)));
 	LLVMValueRef s =
 	    as_float(g, LLVMBuildShl(g->b, as_int(g, t, w), I(23), ""), w);
-	y = FMUL(y, s);
+	LLVMValueRef y = fma_(g, FMUL(r, s), poly(g, r, p, 6, w), s);
 	y = SEL(FCMP(LLVMRealOGE, x, F(hi)), F(INFINITY), y);
+	return SEL(FCMP(LLVMRealOLT, x, F(lo)), F(0.0), y);
+}
+
+/* exp of an x known not to be large and positive (OP_EXPNP): the lowering
+ * uses it where x <= 0 up to rounding (x - max(x) in softmax, -x²/2), and
+ * it is exact enough for any x <= 88.3. Without the overflow end, n needs
+ * no clamp and r stays in [-ln 2/2, ln 2/2], where a degree-4 p (XNNPACK's
+ * rr2-p5 coefficients) is within 1.98 ulp (every f32 in [-87.33, 0],
+ * exhaustively): 14 instructions and 10 constants against the general
+ * exp's 18 and 12. Below -87.34 the result is 0, and NaN propagates. On
+ * AVX-512 vectors it is the general exp (vscalefps is as cheap). */
+static LLVMValueRef exp_nonpos_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	if (w == 16 && g->c->vec_width == 16)
+		return exp_f32_avx512(g, x, w);
+	static const double c[] = {0x1.0F9F9Cp-7, 0x1.573A1Ap-5, 0x1.555A80p-3,
+				   0x1.FFFDC6p-2, 0x1.FFFFF6p-1};
+	const double lo = -87.33654475;
+	const double magic = 12582912.0 + 127.0;
+	LLVMValueRef xc = SEL(FCMP(LLVMRealOLT, x, F(lo)), F(lo), x);
+	LLVMValueRef t = fma_(g, xc, F(1.44269504088896341), F(magic));
+	LLVMValueRef n = FSUB(t, F(magic));
+	LLVMValueRef r = fma_(g, n, F(-0x1.62E400p-1), xc);
+	r = fma_(g, n, F(-0x1.7F7D1Cp-20), r);
+	LLVMValueRef s =
+	    as_float(g, LLVMBuildShl(g->b, as_int(g, t, w), I(23), ""), w);
+	LLVMValueRef y = fma_(g, FMUL(r, s), poly(g, r, c, 5, w), s);
 	return SEL(FCMP(LLVMRealOLT, x, F(lo)), F(0.0), y);
 }
 
@@ -169,8 +197,10 @@ static LLVMValueRef tanh_f32(gen_t *g, LLVMValueRef x, int w)
 	LLVMValueRef ax = un_intr(g, "llvm.fabs", x);
 	LLVMValueRef z = FMUL(x, x);
 	LLVMValueRef small = fma_(g, FMUL(poly(g, z, p, 5, w), z), x, x);
-	LLVMValueRef e = exp_f32(g, FADD(ax, ax), w);
-	LLVMValueRef big = FSUB(F(1.0), FDIV(F(2.0), FADD(e, F(1.0))));
+	/* tanh |x| = (1 - e)/(1 + e) with e = exp(-2|x|) in (0, 1]: the exp
+	 * without an overflow end, and 0 (so 1) beyond |x| = 43.7 */
+	LLVMValueRef e = exp_nonpos_f32(g, FMUL(ax, F(-2.0)), w);
+	LLVMValueRef big = FDIV(FSUB(F(1.0), e), FADD(F(1.0), e));
 	LLVMValueRef xt = as_int(g, x, w);
 	LLVMValueRef sign = LLVMBuildAnd(g->b, xt, I((int32_t)0x80000000), "");
 	big = as_float(g, LLVMBuildOr(g->b, as_int(g, big, w), sign, ""), w);
@@ -338,7 +368,8 @@ static LLVMValueRef libmvec(gen_t *g, const char *base, LLVMValueRef x, int w)
 static const char *libm_name(sx_op_t op, bool f32)
 {
 	switch (op) {
-	case OP_EXP: return f32 ? "expf" : "exp";
+	case OP_EXP:
+	case OP_EXPNP: return f32 ? "expf" : "exp";
 	case OP_EXP2: return f32 ? "exp2f" : "exp2";
 	case OP_LOG: return f32 ? "logf" : "log";
 	case OP_LOG2: return f32 ? "log2f" : "log2";
@@ -369,17 +400,19 @@ LLVMValueRef cg_math(gen_t *g, sx_op_t op, LLVMValueRef x, LLVMValueRef y,
 		return libm_lanes(g, libm_name(op, false), x, y, dt, w);
 	}
 	if (g->use_libmvec && w > 1 &&
-	    (op == OP_EXP || op == OP_LOG || op == OP_SIN || op == OP_COS)) {
-		const char *b = op == OP_EXP   ? "exp"
-				: op == OP_LOG ? "log"
-				: op == OP_SIN ? "sin"
-					       : "cos";
+	    (op == OP_EXP || op == OP_EXPNP || op == OP_LOG || op == OP_SIN ||
+	     op == OP_COS)) {
+		const char *b = op == OP_EXP || op == OP_EXPNP ? "exp"
+				: op == OP_LOG		       ? "log"
+				: op == OP_SIN		       ? "sin"
+							       : "cos";
 		LLVMValueRef r = libmvec(g, b, x, w);
 		if (r != NULL)
 			return r;
 	}
 	switch (op) {
 	case OP_EXP: return exp_f32(g, x, w);
+	case OP_EXPNP: return exp_nonpos_f32(g, x, w);
 	case OP_EXP2: return exp_f32(g, FMUL(x, F(0.693147180559945309)), w);
 	case OP_LOG: return log_f32(g, x, w);
 	case OP_LOG2: return FMUL(log_f32(g, x, w), F(1.44269504088896341));

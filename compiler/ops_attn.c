@@ -160,9 +160,10 @@ int low_sdpa(cctx_t *c, lnode_t *n)
 	if (ms == NULL)
 		return -ENOMEM;
 	const sx_t *sb = lt_body(c, s);
+	/* s - m <= 0 and s - lse <= 0 (up to rounding): OP_EXPNP */
 	lt_t *e = lt_fn(
 	    c, acc, 3, s->sizes,
-	    sx_un(c, OP_EXP,
+	    sx_un(c, OP_EXPNP,
 		  sx_bin(c, OP_SUB, sb, lt_bcast_body(c, ms, 3, s->sizes))));
 	lt_t *sum;
 	if (e == NULL)
@@ -177,7 +178,7 @@ int low_sdpa(cctx_t *c, lnode_t *n)
 		return -ENOMEM;
 	/* p = exp(s - lse) (0 on an all -inf row), then out = p @ v */
 	const sx_t *lb = lt_bcast_body(c, lse, 3, s->sizes);
-	const sx_t *pv = sx_un(c, OP_EXP, sx_bin(c, OP_SUB, sb, lb));
+	const sx_t *pv = sx_un(c, OP_EXPNP, sx_bin(c, OP_SUB, sb, lb));
 	pv = sx_where(c, sx_bin(c, OP_EQ, lb, sxf(c, -INFINITY, acc)),
 		      sxf(c, 0, acc), pv);
 	lt_t *p = lt_fn(c, acc, 3, s->sizes, pv);

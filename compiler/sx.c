@@ -27,7 +27,7 @@ const char *sx_op_name(sx_op_t op)
 
 bool sx_op_is_unary(sx_op_t op)
 {
-	return op <= OP_ATAN;
+	return op <= OP_EXPNP;
 }
 
 bool sx_op_is_cmp(sx_op_t op)
@@ -510,7 +510,8 @@ static bool heavy_rec(const sx_t *e, int depth, int *loads)
 		case OP_TANH:
 		case OP_SIGMOID:
 		case OP_ERF:
-		case OP_ATAN: return true;
+		case OP_ATAN:
+		case OP_EXPNP: return true;
 		default: break;
 		}
 	}
@@ -519,6 +520,12 @@ static bool heavy_rec(const sx_t *e, int depth, int *loads)
 	return heavy_rec(e->a, depth + 1, loads) ||
 	       heavy_rec(e->b, depth + 1, loads) ||
 	       heavy_rec(e->c, depth + 1, loads);
+}
+
+bool sx_has_transcendental(const sx_t *e)
+{
+	int loads = 0;
+	return heavy_rec(e, 0, &loads);
 }
 
 bool sx_is_heavy(const sx_t *e)

@@ -48,7 +48,7 @@ typedef enum {
 	X(NEG) X(ABS) X(EXP) X(EXP2) X(LOG) X(LOG1P) X(LOG2) X(EXPM1) X(SQRT)  \
 	X(RSQRT) X(RECIP) X(SIN) X(COS) X(TAN) X(TANH) X(SIGMOID) X(ERF)       \
 	X(SIGN) X(FLOOR) X(CEIL) X(ROUND) X(TRUNC) X(NOT) X(BITNOT) X(ISNAN)   \
-	X(ATAN) X(EXPNP)                                                       \
+	X(ATAN) X(EXPNP) X(PHI)                                                \
 	/* binary */                                                           \
 	X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD)     \
 	X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)      \

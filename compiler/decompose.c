@@ -438,12 +438,7 @@ int low_gelu_backward(cctx_t *c, lnode_t *n)
 	} else {
 		/* cdf + x·pdf; cdf = (1 + erf(x/√2))/2,
 		 * pdf = exp(-x²/2)/√(2π) */
-		const sx_t *cdf = sx_bin(
-		    c, OP_MUL, sxf(c, 0.5, acc),
-		    sx_bin(c, OP_ADD, sxf(c, 1, acc),
-			   sx_un(c, OP_ERF,
-				 sx_bin(c, OP_MUL, xb,
-					sxf(c, 0.7071067811865476, acc)))));
+		const sx_t *cdf = sx_un(c, OP_PHI, xb);
 		const sx_t *pdf =
 		    sx_bin(c, OP_MUL, sxf(c, 0.3989422804014327, acc),
 			   sx_un(c, OP_EXPNP,

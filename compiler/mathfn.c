@@ -5,9 +5,12 @@
  * f32: Cephes-style range reduction + minimax polynomials: exp, log, tanh,
  * sigmoid, sin, cos, tan, atan and the functions built from them
  * (exp2, log2, log1p, expm1). Accuracy: within ~2-4 ulp of the correctly
- * rounded result on the normal range; results that would be f32 denormals
- * flush to zero (exp below -87.3); sin/cos lose accuracy for |x| > 8192.
- * erf: a rational approximation, within 3.6e-7 relative (see erf_f32).
+ * rounded result on the normal range (exp: 1.42, exhaustively); results
+ * that would be f32 denormals flush to zero (exp below -87.3); sin/cos
+ * lose accuracy for |x| > 8192. erf: a rational approximation, within
+ * 3.6e-7 relative (see erf_f32); Φ, the normal cdf gelu uses, is the same
+ * rational (phi_f32). OP_EXPNP is the exp without an overflow end, for
+ * arguments the lowering knows are <= 0 (exp_nonpos_f32).
  * On AVX-512, exp (and what is built on it) scales by 2^n with vscalefps
  * (exp_f32_avx512): half the instructions; softmax runs 1.5x faster.
  * f64 and the rare binary functions (pow, atan2) call libm per lane.
@@ -225,16 +228,16 @@ static LLVMValueRef sigmoid_f32(gen_t *g, LLVMValueRef x, int w)
  * division measured no faster). Measured error in f32 (FMA Horner): <= 3.2e-7
  * absolute, about 5 ulp just below 1; torch's own is 0.5 ulp. NaN
  * propagates through the ordered comparisons. */
+static const double erf_a[] = {1.9878696022601616e-08, -1.9690251065185294e-06,
+			       0.00014454012853093445, 0.00380995636805892,
+			       0.050912633538246155,   0.20242539048194885,
+			       1.1283791670955126};
+static const double erf_b[] = {0.0009826034074649215, 0.014571679756045341,
+			       0.11603943258523941, 0.5127262473106384, 1.0};
+
 static LLVMValueRef erf_f32(gen_t *g, LLVMValueRef x, int w)
 {
-	static const double a[] = {
-	    1.9878696022601616e-08, -1.9690251065185294e-06,
-	    0.00014454012853093445, 0.00380995636805892,
-	    0.050912633538246155,   0.20242539048194885,
-	    1.1283791670955126};
-	static const double b[] = {0.0009826034074649215, 0.014571679756045341,
-				   0.11603943258523941, 0.5127262473106384,
-				   1.0};
+	const double *a = erf_a, *b = erf_b;
 	LLVMValueRef ax = un_intr(g, "llvm.fabs", x);
 	LLVMValueRef big = FCMP(LLVMRealOGT, ax, F(3.92));
 	LLVMValueRef xc = SEL(big, F(0.0), x);
@@ -245,6 +248,34 @@ static LLVMValueRef erf_f32(gen_t *g, LLVMValueRef x, int w)
 	LLVMValueRef cs[2] = {F(1.0), x};
 	LLVMValueRef one = cg_intr(g, "llvm.copysign", &t, 1, cs, 2);
 	return SEL(big, one, r);
+}
+
+/* Φ(x) = (1 + erf(x/√2))/2, the normal cdf that gelu multiplies by
+ * (OP_PHI): erf_f32's rational function with its variable and the /2
+ * folded into the coefficients, so Φ(x) = 1/2 + x·P(x²)/Q(x²): the
+ * scaling of x² by 1/2 is exact in the powers of 2 it puts on each
+ * coefficient; 1/(2√2) rounds P's once more. Where erf is ±1 (|x/√2| >
+ * 3.92) x is clamped to ±5.5437, at which the rational is exactly ±1/2 in
+ * f32, so Φ is exactly 1 and 0 beyond (gelu(-100) is -0, as torch's).
+ * gelu is x·Φ(x): 19 instructions a vector on AVX2 where x/2 (1 + erf(x
+ * / √2)) took 25, and 14 of them on the FMA pipes instead of 16; 3 fewer
+ * constants. Error: 1.98e-7 absolute over every f32 in [-12, 12] (2.09e-7
+ * before), the same cancellation for negative x as torch's formula. NaN
+ * passes the ordered comparisons. */
+static LLVMValueRef phi_f32(gen_t *g, LLVMValueRef x, int w)
+{
+	double p[7], q[5];
+	for (int k = 0; k < 7; k++)
+		p[k] = ldexp(erf_a[k], -(6 - k)) * 0.35355339059327378;
+	for (int k = 0; k < 5; k++)
+		q[k] = ldexp(erf_b[k], -(4 - k));
+	const double xc = 0x1.62cbfcp+2; /* 3.92·√2 in f32 */
+	LLVMValueRef c = SEL(FCMP(LLVMRealOGT, x, F(xc)), F(xc), x);
+	c = SEL(FCMP(LLVMRealOLT, c, F(-xc)), F(-xc), c);
+	LLVMValueRef u = FMUL(c, c);
+	LLVMValueRef r =
+	    FDIV(FMUL(c, poly(g, u, p, 7, w)), poly(g, u, q, 5, w));
+	return FADD(F(0.5), r);
 }
 
 /* sin (want_cos false) or cos of x. */
@@ -397,6 +428,13 @@ LLVMValueRef cg_math(gen_t *g, sx_op_t op, LLVMValueRef x, LLVMValueRef y,
 			return FDIV(cg_const_f(g, 1, dt, w),
 				    FADD(cg_const_f(g, 1, dt, w), e));
 		}
+		if (op == OP_PHI) { /* erfc(-x/√2)/2 */
+			LLVMValueRef e = libm_lanes(
+			    g, "erfc",
+			    FMUL(x, cg_const_f(g, -0.70710678118654752, dt, w)),
+			    NULL, dt, w);
+			return FMUL(e, cg_const_f(g, 0.5, dt, w));
+		}
 		return libm_lanes(g, libm_name(op, false), x, y, dt, w);
 	}
 	if (g->use_libmvec && w > 1 &&
@@ -434,6 +472,7 @@ LLVMValueRef cg_math(gen_t *g, sx_op_t op, LLVMValueRef x, LLVMValueRef y,
 	case OP_TANH: return tanh_f32(g, x, w);
 	case OP_SIGMOID: return sigmoid_f32(g, x, w);
 	case OP_ERF: return erf_f32(g, x, w);
+	case OP_PHI: return phi_f32(g, x, w);
 	case OP_SIN: return sincos_f32(g, x, w, false);
 	case OP_COS: return sincos_f32(g, x, w, true);
 	case OP_TAN:

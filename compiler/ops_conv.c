@@ -450,7 +450,17 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
 	if (CKK <= 32 || c->blas == NULL ||
 	    (acc != KILN_DT_F32 && acc != KILN_DT_F64)) {
-		/* direct: full space [N, O, Cg, KH, KW, OH, OW] */
+		/* direct: full space [N, O, Cg, KH, KW, OH, OW]. It reads each
+		 * input element Og·KH·KW times: a computed input (the eval
+		 * batch_norm and relu6 after the convolution before, in
+		 * MobileNetV2) is written once first, where that producer's
+		 * kernel can compute it, instead of being recomputed at
+		 * every read */
+		if (!x->is_buf && Og * KH * KW > 1) {
+			rc = lt_realize(c, x, (int32_t)n->index, &x);
+			if (rc != 0)
+				return rc;
+		}
 		kiln_dim_t fs[7] = {dim_const(N),  dim_const(O),  dim_const(Cg),
 				    dim_const(KH), dim_const(KW), dim_const(OH),
 				    dim_const(OW)};

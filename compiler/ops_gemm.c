@@ -53,6 +53,68 @@ static int blas_operand(lnode_t *n, lt_t *t, lt_t **out)
 	return lt_realize(n->c, u, (int32_t)n->index, out);
 }
 
+/* Whether the product (A [.., M, K] @ B [.., K, N], shapes checked) is a
+ * matrix-vector one kiln computes as a reduction (lgemv): M == 1 with B
+ * contiguous along K or N, or N == 1 with A contiguous along K, or K == 1
+ * (an outer product). A BLAS sgemm packs the whole of the large operand
+ * for a single row or column: MobileNetV2's classifier, [1, 1280] @ [1280,
+ * 1000]ᵀ, took 0.48 ms of a 2.8 ms forward on this 2-core VM (5 MB read
+ * at 10 GB/s), where a reduction reads B once. */
+static bool gemv_ok(const lt_t *a, const lt_t *b)
+{
+	uint32_t r = a->rank;
+	if (!a->is_buf || !b->is_buf)
+		return false;
+	for (uint32_t i = 0; i < r; i++)
+		if (a->sizes[i].e != NULL || b->sizes[i].e != NULL)
+			return false;
+	if (dim_is(a->sizes[r - 1], 1))
+		return true;
+	if (dim_is(a->sizes[r - 2], 1))
+		return dim_is(b->strides[r - 2], 1) ||
+		       dim_is(b->strides[r - 1], 1);
+	if (dim_is(b->sizes[r - 1], 1))
+		return dim_is(a->strides[r - 1], 1);
+	return false;
+}
+
+/* P = A @ B as a sum over k of A[.., m, k]·B[.., k, n] (gemv_ok): the
+ * full space is [.., M, N, K] with K innermost where the large operand is
+ * contiguous along K (a transposed weight: rows of dot products, each
+ * vectorized along K), else [.., M, K, N] (vectorized across N, K an
+ * outer reduced dim). The sum is in dt, as BLAS's. */
+static int lgemv(lnode_t *n, const lt_t *a, const lt_t *b, kiln_dtype_t dt,
+		 lt_t **out)
+{
+	cctx_t *c = n->c;
+	uint32_t r = a->rank, nb = r - 2;
+	const lt_t *big = dim_is(a->sizes[r - 2], 1) ? b : a;
+	bool k_inner = !dim_is(a->sizes[r - 1], 1) &&
+		       dim_is(big->strides[big == b ? r - 2 : r - 1], 1);
+	/* vars: batch (0), then m, and n, k in the chosen order */
+	uint32_t vm = nb, vn = k_inner ? nb + 1 : nb + 2,
+		 vk = k_inner ? nb + 2 : nb + 1;
+	kiln_dim_t fs[4];
+	if (nb)
+		fs[0] = a->sizes[0];
+	fs[vm] = a->sizes[r - 2];
+	fs[vn] = b->sizes[r - 1];
+	fs[vk] = a->sizes[r - 1];
+	const kiln_expr_t *ia[3], *ib[3];
+	if (nb)
+		ia[0] = ib[0] = ix_var(c, 0);
+	ia[nb] = ix_var(c, vm);
+	ia[nb + 1] = ix_var(c, vk);
+	ib[nb] = ix_var(c, vk);
+	ib[nb + 1] = ix_var(c, vn);
+	const sx_t *body = sx_bin(c, OP_MUL, lt_at(c, a, ia), lt_at(c, b, ib));
+	lt_t *full = lt_fn(c, dt, r + 1, fs, body);
+	if (full == NULL)
+		return -ENOMEM;
+	/* either way the dims left are [.., M, N] */
+	return lred(n, full, 1u << vk, false, RED_SUM, dt, out);
+}
+
 /* P = A @ B over the trailing two dims (batched when rank 3). */
 int lgemm(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t dt, lt_t **out)
 {
@@ -104,6 +166,8 @@ int lgemm(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t dt, lt_t **out)
 		rc = blas_operand(n, b, &b);
 	if (rc != 0)
 		return rc;
+	if (gemv_ok(a, b))
+		return lgemv(n, a, b, dt, out);
 	kiln_dim_t sz[3];
 	if (r == 3)
 		sz[0] = a->sizes[0];

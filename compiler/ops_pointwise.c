@@ -121,9 +121,8 @@ const sx_t *sx_gelu(cctx_t *c, const sx_t *x, bool tanh_approx)
 					    sx_bin(c, OP_MUL,
 						   sxf(c, 0.044715, dt), x3))));
 	} else {
-		inner =
-		    sx_un(c, OP_ERF,
-			  sx_bin(c, OP_MUL, x, sxf(c, 0.7071067811865476, dt)));
+		/* x·Φ(x): Φ = (1 + erf(x/√2))/2 in one function (mathfn.c) */
+		return sx_bin(c, OP_MUL, x, sx_un(c, OP_PHI, x));
 	}
 	return sx_bin(c, OP_MUL, sx_bin(c, OP_MUL, x, sxf(c, 0.5, dt)),
 		      sx_bin(c, OP_ADD, sxf(c, 1.0, dt), inner));

@@ -27,7 +27,7 @@ const char *sx_op_name(sx_op_t op)
 
 bool sx_op_is_unary(sx_op_t op)
 {
-	return op <= OP_EXPNP;
+	return op <= OP_PHI;
 }
 
 bool sx_op_is_cmp(sx_op_t op)
@@ -511,7 +511,8 @@ static bool heavy_rec(const sx_t *e, int depth, int *loads)
 		case OP_SIGMOID:
 		case OP_ERF:
 		case OP_ATAN:
-		case OP_EXPNP: return true;
+		case OP_EXPNP:
+		case OP_PHI: return true;
 		default: break;
 		}
 	}

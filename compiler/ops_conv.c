@@ -393,6 +393,33 @@ static int gemm_nchw(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t acc, int64_t N,
 	return *y ? 0 : -ENOMEM;
 }
 
+/* Whether a convolution takes the direct form (a reduction over cg, kh,
+ * kw vectorized across output columns) rather than a product: small
+ * (Cg·KH·KW <= 32) grouped ones (depthwise), and 1x1 stride-1 ones of at
+ * most 16 input channels. The other small ones (which took it before) measured
+ * faster as im2col + BLAS (`kilnc --run --bench` against the code before, 2
+ * threads, AMD EPYC Zen 3): a stride along W makes every vector load a
+ * gather (3->32 3x3 stride 2 at 224²: 3.1-5.1 against 0.40-0.46 ms; 3->16
+ * at 64²: 0.11-0.16 against 0.05, MobileNetV2's and EfficientNet's first
+ * layer), and 3x3 over 3 channels lost at stride 1 as well (3->16 at 224²
+ * 1.80 against 0.77 ms, 3->64 at 32² 0.125 against 0.083); 1x1 8->48 at
+ * 32² is the other way (0.021 against 0.032), 32->16 at 56² not (0.088
+ * against 0.063), and so are outputs of at most 16384 elements at stride
+ * 1, where the im2col kernel and the BLAS call cost more than they save
+ * (the corpus cnn's 3->8 at 16², batch 2: forward 0.042 against 0.049). */
+static bool direct_ok(int64_t G, int64_t Cg, int64_t KH, int64_t KW,
+		      int64_t outputs, const conv_t *cv)
+{
+	if (Cg * KH * KW > 32)
+		return false;
+	if (G > 1)
+		return true;
+	if (cv->s[1] != 1)
+		return false;
+	return (KH == 1 && KW == 1 && cv->s[0] == 1 && Cg <= 16) ||
+	       outputs <= 16384;
+}
+
 int low_convolution(cctx_t *c, lnode_t *n)
 {
 	lt_t *x0, *w0, *b;
@@ -448,7 +475,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	bool one = G == 1 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
 		   cv.s[1] == 1 && cv.p[0] == 0 && cv.p[1] == 0;
 	const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
-	if (CKK <= 32 || c->blas == NULL ||
+	if (direct_ok(G, Cg, KH, KW, N * O * OH * OW, &cv) || c->blas == NULL ||
 	    (acc != KILN_DT_F32 && acc != KILN_DT_F64)) {
 		/* direct: full space [N, O, Cg, KH, KW, OH, OW]. It reads each
 		 * input element Og·KH·KW times: a computed input (the eval

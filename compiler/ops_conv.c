@@ -832,6 +832,20 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		mask[0] = false;
 		mask[1] = false;
 	}
+	/* the direct forms read each element of grad_output Cg·KH·KW times
+	 * and each of the input Og·KH·KW times: a computed one (relu6's
+	 * backward mask, a forward activation AOTAutograd recomputes) is
+	 * written once first, as in the forward */
+	if ((mask[0] || mask[1]) && !go->is_buf && Cg * KH * KW > 1) {
+		rc = lt_realize(c, go, (int32_t)n->index, &go);
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[1] && n->n->n_out > 1 && !x->is_buf && Og * KH * KW > 1) {
+		rc = lt_realize(c, x, (int32_t)n->index, &x);
+		if (rc != 0)
+			return rc;
+	}
 	if (mask[0]) {
 		/* gI over [N, C, Og, KH, KW, H, W], reduce (Og, KH, KW) */
 		kiln_dim_t fs[7] = {dim_const(N),  dim_const(C),  dim_const(Og),

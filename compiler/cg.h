@@ -48,6 +48,10 @@ typedef struct gen {
 	int *mval_width;
 	int32_t cur_pass;
 	bool in_loop;
+	/* inner-vectorized row kernels: the innermost outer var (-1: none),
+	 * and whether the current pass prefetches the next row */
+	int pf_var;
+	bool pf_on;
 	/* per-row scratch buffers (row-local members): cbuf → alloca */
 	uint32_t n_scratch;
 	uint32_t scratch_buf[16];

@@ -1070,6 +1070,8 @@ static LLVMValueRef udiv_up(gen_t *g, LLVMValueRef x, int64_t d)
  * rounds interleaved). With two the adds into each accumulator are still
  * far apart next to the body's own latency. */
 #define RED_UNROLL_HEAVY 2
+/* rows shorter than this are not prefetched (gen_iteration) */
+#define PF_MIN_ROW_BYTES 1024
 
 typedef struct racc {
 	LLVMValueRef v, i; /* allocas: value and index accumulators */
@@ -1372,6 +1374,48 @@ static const kiln_expr_t *reduce_linear(gen_t *g)
 }
 
 /* The body of one loop iteration at width w for the members of pass p. */
+/* Prefetches of the next row: for each load of e from memory (a buffer
+ * this kernel does not compute, at unit stride along the vectorized var),
+ * the same element one row on (its coefficient of g->pf_var), into L1.
+ * Up to *n distinct loads, listed in seen. */
+static void prefetch_loads(gen_t *g, const sx_t *e, const sx_t **seen, int *n,
+			   int depth)
+{
+	if (e == NULL || depth > 64 || *n >= 8)
+		return;
+	if (e->kind == SX_LOAD) {
+		for (int i = 0; i < *n; i++)
+			if (seen[i] == e)
+				return;
+		seen[(*n)++] = e;
+		const cctx_t *c = g->c;
+		const cbuf_t *b = &c->bufs[e->buf];
+		int64_t cv = 0, cr = 0;
+		if (e->b != NULL || b->row_local ||
+		    (b->kind == CB_TEMP &&
+		     b->kernel == (int32_t)(g->k - c->kernels)) ||
+		    !ix_coef(e->idx, (uint32_t)g->vvar, &cv) || cv != 1 ||
+		    !ix_coef(e->idx, (uint32_t)g->pf_var, &cr) ||
+		    cr * kiln_dtype_size(b->dtype) < PF_MIN_ROW_BYTES)
+			return;
+		LLVMTypeRef st = storage_type(g, b->dtype, 1);
+		LLVMValueRef idx =
+		    LLVMBuildAdd(g->b, emit_ix(g, e->idx),
+				 LLVMConstInt(g->i64, (uint64_t)cr, 0), "");
+		LLVMValueRef ptr =
+		    LLVMBuildGEP2(g->b, st, buf_ptr(g, e->buf), &idx, 1, "");
+		LLVMTypeRef pt = g->ptr;
+		LLVMValueRef args[4] = {ptr, LLVMConstInt(g->i32, 0, 0),
+					LLVMConstInt(g->i32, 3, 0),
+					LLVMConstInt(g->i32, 1, 0)};
+		cg_intr(g, "llvm.prefetch", &pt, 1, args, 4);
+		return;
+	}
+	prefetch_loads(g, e->a, seen, n, depth + 1);
+	prefetch_loads(g, e->b, seen, n, depth + 1);
+	prefetch_loads(g, e->c, seen, n, depth + 1);
+}
+
 static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 {
 	g->W = w;
@@ -1417,6 +1461,16 @@ static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 			ridx = emit_ix_w(g, rl, w);
 		}
 		racc_update(g, &acc[i], v, ridx, w);
+	}
+	/* one prefetch per 64-byte line of the row (slots of w f32 lanes) */
+	if (g->pf_on && w == g->c->vec_width && (g->slot * w * 4) % 64 == 0) {
+		const sx_t *seen[8];
+		int n = 0;
+		for (uint32_t i = 0; i < k->n_members; i++)
+			if (k->members[i].pass == p &&
+			    k->members[i].role != ROLE_ROW)
+				prefetch_loads(g, k->members[i].body, seen, &n,
+					       0);
 	}
 }
 
@@ -1681,6 +1735,14 @@ static void hoist_pass(gen_t *g, int32_t p, uint64_t rvars)
 	free(inv);
 }
 
+static bool kernel_has_transcendental(gen_t *g)
+{
+	for (uint32_t i = 0; i < g->k->n_members; i++)
+		if (sx_has_transcendental(g->k->members[i].body))
+			return true;
+	return false;
+}
+
 /* Accumulators per reduction in pass p's vector loop (RED_UNROLL_HEAVY
  * above). */
 static int pass_unroll(gen_t *g, int32_t p)
@@ -1713,6 +1775,10 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
 	for (int32_t p = 0; p < k->n_passes; p++) {
 		int lw = inner_vec ? g->c->vec_width : uw;
 		g->red_unroll = pass_unroll(g, p);
+		/* the first pass brings the row in: it prefetches the next
+		 * where the row's compute is long enough to hide it */
+		g->pf_on = p == 0 && inner_vec && g->pf_var >= 0 &&
+			   kernel_has_transcendental(g);
 		for (uint32_t i = 0; i < k->n_members; i++) {
 			const kmember_t *m = &k->members[i];
 			if (m->pass == p && m->role == ROLE_RED) {
@@ -1842,8 +1908,8 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		}
 	} else {
 		bool inner_vec = f > 0 && (k->rmask >> (f - 1) & 1);
-		uint32_t od[CIR_MAX_RANK];
-		LLVMValueRef osz[CIR_MAX_RANK + 1];
+		uint32_t od[CIR_MAX_RANK] = {0};
+		LLVMValueRef osz[CIR_MAX_RANK + 1] = {0};
 		uint32_t no = 0;
 		for (uint32_t i = 0; i < f; i++)
 			if (!(k->rmask >> i & 1)) {
@@ -1853,7 +1919,10 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		if (inner_vec || no == 0) {
 			g->vvar = inner_vec ? (int)(f - 1) : -1;
 			decompose(g, u, od, no, osz);
+			g->pf_var = no > 0 ? (int)od[no - 1] : -1;
 			gen_row_unit(g, 1, inner_vec);
+			g->pf_var = -1;
+			g->pf_on = false;
 		} else {
 			/* outer-vectorized: the last outer dim in blocks of W
 			 */
@@ -3704,6 +3773,7 @@ static void gen_init(gen_t *g, cctx_t *c, void *llvm_ctx, void *llvm_mod)
 	memset(g, 0, sizeof(*g));
 	g->c = c;
 	g->red_unroll = RED_UNROLL;
+	g->pf_var = -1;
 	g->ctx = llvm_ctx;
 	g->mod = llvm_mod;
 	g->b = LLVMCreateBuilderInContext(g->ctx);

@@ -1373,7 +1373,6 @@ static const kiln_expr_t *reduce_linear(gen_t *g)
 	return e;
 }
 
-/* The body of one loop iteration at width w for the members of pass p. */
 /* Prefetches of the next row: for each load of e from memory (a buffer
  * this kernel does not compute, at unit stride along the vectorized var),
  * the same element one row on (its coefficient of g->pf_var), into L1.
@@ -1416,6 +1415,7 @@ static void prefetch_loads(gen_t *g, const sx_t *e, const sx_t **seen, int *n,
 	prefetch_loads(g, e->c, seen, n, depth + 1);
 }
 
+/* The body of one loop iteration at width w for the members of pass p. */
 static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 {
 	g->W = w;

@@ -1375,8 +1375,9 @@ static const kiln_expr_t *reduce_linear(gen_t *g)
 
 /* Prefetches of the next row: for each load of e from memory (a buffer
  * this kernel does not compute, at unit stride along the vectorized var),
- * the same element one row on (its coefficient of g->pf_var), into L1.
- * Up to *n distinct loads, listed in seen. */
+ * the same element one row on (its coefficient of g->pf_var), into L1,
+ * in the slots that start a 64-byte line of it. Up to *n distinct loads,
+ * listed in seen. */
 static void prefetch_loads(gen_t *g, const sx_t *e, const sx_t **seen, int *n,
 			   int depth)
 {
@@ -1395,7 +1396,8 @@ static void prefetch_loads(gen_t *g, const sx_t *e, const sx_t **seen, int *n,
 		     b->kernel == (int32_t)(g->k - c->kernels)) ||
 		    !ix_coef(e->idx, (uint32_t)g->vvar, &cv) || cv != 1 ||
 		    !ix_coef(e->idx, (uint32_t)g->pf_var, &cr) ||
-		    cr * kiln_dtype_size(b->dtype) < PF_MIN_ROW_BYTES)
+		    cr * kiln_dtype_size(b->dtype) < PF_MIN_ROW_BYTES ||
+		    (g->slot * g->W * kiln_dtype_size(b->dtype)) % 64 != 0)
 			return;
 		LLVMTypeRef st = storage_type(g, b->dtype, 1);
 		LLVMValueRef idx =
@@ -1462,8 +1464,8 @@ static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 		}
 		racc_update(g, &acc[i], v, ridx, w);
 	}
-	/* one prefetch per 64-byte line of the row (slots of w f32 lanes) */
-	if (g->pf_on && w == g->c->vec_width && (g->slot * w * 4) % 64 == 0) {
+	/* one prefetch per 64-byte line of the row (prefetch_loads) */
+	if (g->pf_on && w == g->c->vec_width) {
 		const sx_t *seen[8];
 		int n = 0;
 		for (uint32_t i = 0; i < k->n_members; i++)

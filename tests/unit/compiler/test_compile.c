@@ -343,18 +343,27 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 				  const char *mode, uint64_t seed, double tol,
 				  const char *what);
 
+/* The text a compile emits as `kind` (the caller frees it); st, when not
+ * NULL, gets its stats. */
+static char *emit_text(kiln_compiler_t *kc, const kiln_graph_t *g, int kind,
+		       kiln_compile_stats_t *st)
+{
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	char *text = NULL;
+	int rc = kiln_compile_ex(kc, g, &opts, NULL, &text, kind, st, err,
+				 sizeof(err));
+	cr_assert_eq(rc, 0, "compile: %s", err);
+	return text;
+}
+
 /* The kernel count of a graph's fusion report. */
 static uint32_t n_kernels(kiln_compiler_t *kc, const kiln_graph_t *g,
 			  char **report)
 {
-	char err[512];
 	kiln_compile_stats_t st;
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	char *text = NULL;
-	int rc = kiln_compile_ex(kc, g, &opts, NULL, &text, KILN_EMIT_KERNELS,
-				 &st, err, sizeof(err));
-	cr_assert_eq(rc, 0, "compile: %s", err);
+	char *text = emit_text(kc, g, KILN_EMIT_KERNELS, &st);
 	if (report)
 		*report = text;
 	else
@@ -2031,14 +2040,7 @@ static bool raw_ir_has(kiln_compiler_t *kc, gb_t *b, const char *what,
 		       const char *needle)
 {
 	kiln_graph_t *g = graph_from_json_like(what, &b->sb);
-	char err[512];
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	char *text = NULL;
-	cr_assert_eq(kiln_compile_ex(kc, g, &opts, NULL, &text,
-				     KILN_EMIT_LLVM_RAW, NULL, err,
-				     sizeof(err)),
-		     0, "%s: %s", what, err);
+	char *text = emit_text(kc, g, KILN_EMIT_LLVM_RAW, NULL);
 	bool has = strstr(text, needle) != NULL;
 	free(text);
 	kiln_graph_free(g);

@@ -134,7 +134,12 @@ typedef enum {
 	RED_ARGMAX,
 	RED_ARGMIN,
 	RED_ANY,
-	RED_ALL
+	RED_ALL,
+	/* max of floats that need not propagate NaN: for a max that only
+	 * shifts an exp of the same values (softmax, logsumexp, attention),
+	 * where a NaN element makes the sum NaN by itself; one vmaxps a
+	 * vector instead of a compare, an unordered test, an or and a blend */
+	RED_MAXNP
 } red_op_t;
 
 typedef struct cnode {

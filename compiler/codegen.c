@@ -1092,6 +1092,7 @@ static LLVMValueRef red_identity(gen_t *g, red_op_t op, kiln_dtype_t dt, int w)
 	case RED_PROD:
 	case RED_ALL: return cconst(g, 1, 1, dt, w);
 	case RED_MAX:
+	case RED_MAXNP:
 	case RED_ARGMAX:
 		if (fl)
 			return cg_const_f(g, -INFINITY, dt, w);
@@ -1162,6 +1163,10 @@ static LLVMValueRef red_combine(gen_t *g, red_op_t op, kiln_dtype_t dt,
 			    g->b, LLVMBuildICmp(g->b, p, x, acc, ""), x, acc,
 			    "");
 		}
+	case RED_MAXNP: /* x86 maxps: x wins where either is NaN */
+		return LLVMBuildSelect(
+		    g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, acc, x, ""), acc, x,
+		    "");
 	case RED_ANY: return LLVMBuildOr(g->b, acc, x, "");
 	case RED_ALL: return LLVMBuildAnd(g->b, acc, x, "");
 	default: return acc;

@@ -61,7 +61,7 @@ int low_softmax(cctx_t *c, lnode_t *n)
 	}
 	uint32_t mask = 1u << ud;
 	lt_t *m;
-	rc = lred(n, x, mask, true, RED_MAX, acc, &m);
+	rc = lred(n, x, mask, true, RED_MAXNP, acc, &m);
 	if (rc != 0)
 		return rc;
 	/* an all -inf row: shift by 0 (gives nan like torch) */

@@ -149,7 +149,7 @@ int low_sdpa(cctx_t *c, lnode_t *n)
 		return rc;
 	/* lse = log Σ exp(s - m) + m, with m = 0 for an all -inf row */
 	lt_t *m;
-	rc = lred(n, s, 1u << 2, true, RED_MAX, acc, &m);
+	rc = lred(n, s, 1u << 2, true, RED_MAXNP, acc, &m);
 	if (rc != 0)
 		return rc;
 	const sx_t *mb = lt_body(c, m);

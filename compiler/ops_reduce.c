@@ -328,7 +328,7 @@ int low_logsumexp(cctx_t *c, lnode_t *n)
 	lt_t *m;
 	if (src == NULL)
 		return -ENOMEM;
-	rc = lred(n, src, mask, true, RED_MAX, acc, &m);
+	rc = lred(n, src, mask, true, RED_MAXNP, acc, &m);
 	if (rc != 0)
 		return rc;
 	/* an infinite max (all -inf, or +inf present) shifts by 0 instead */

@@ -688,7 +688,7 @@ static void sb_dims(cctx_t *c, sbuf_t *s, uint32_t rank, const kiln_dim_t *d,
 
 static const char *const role_names[] = {"full", "reduce", "row"};
 static const char *const red_names[] = {
-    "", "sum", "prod", "max", "min", "argmax", "argmin", "any", "all"};
+    "", "sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "max"};
 
 /* max-autotune's decision for graph node `node`, when it made one:
  * whether a line was written */

@@ -422,6 +422,20 @@ def build_select_fill():
     case("scalar_tensor", "i64", lambda x: A.scalar_tensor.default(3, dtype=i64), U(1))
 
 
+def NANROWS():
+    """rows of 20 (a vector body and a tail) with a NaN first, in the body,
+    in the tail, beside +inf and beside -inf, and one clean row: the row max
+    that shifts an exp may drop a NaN (RED_MAXNP); the outputs may not"""
+    x = torch.linspace(-3.0, 3.0, 6 * 20).reshape(6, 20)
+    nan, inf = float("nan"), float("inf")
+    x[0, 0] = nan
+    x[1, 9] = nan
+    x[2, 18] = nan
+    x[3, 4], x[3, 11] = inf, nan
+    x[4, 2], x[4, 7] = -inf, nan
+    return x
+
+
 def build_reductions():
     for op in ["sum", "mean", "prod", "var", "std", "logsumexp", "cumsum", "_softmax",
                "_log_softmax", "native_layer_norm", "native_layer_norm_backward",
@@ -504,6 +518,7 @@ def build_reductions():
     case("logsumexp", "ninf", lambda x: A.logsumexp.default(x, [1]),
          torch.tensor([[float("-inf"), float("-inf")], [0.0, float("-inf")]]))
     case("logsumexp", "i64", lambda x: A.logsumexp.default(x, [0]), I(4))
+    case("logsumexp", "nan", lambda x: A.logsumexp.default(x, [1]), NANROWS())
     seed("cumsum")
     case("cumsum", "dim", lambda x: A.cumsum.default(x, 1), U(3, 4))
     case("cumsum", "neg", lambda x: A.cumsum.default(x, -1), T(U(4, 3)))
@@ -523,6 +538,7 @@ def build_norms():
         case(op, "f16", lambda x, pk=pk: pk.default(x, 1, False), U(2, 8, dt=f16))
         case(op, "empty", lambda x, pk=pk: pk.default(x, 1, False), U(0, 4))
         case(op, "scalar", lambda x, pk=pk: pk.default(x, 0, False), torch.tensor(1.5))
+        case(op, "nan", lambda x, pk=pk: pk.default(x, 1, False), NANROWS())
     seed("softmax_bw")
     y = torch.softmax(U(3, 5), 1)
     case("_softmax_backward_data", "f32", lambda g, y: A._softmax_backward_data.default(g, y, 1, f32), U(3, 5), y)

@@ -1143,6 +1143,8 @@ static LLVMValueRef red_combine(gen_t *g, red_op_t op, kiln_dtype_t dt,
 				LLVMValueRef acc, LLVMValueRef x)
 {
 	bool fl = kiln_dtype_is_float(dt);
+	if (op == RED_MAXNP && !fl) /* ints have no NaN: the plain max */
+		op = RED_MAX;
 	switch (op) {
 	case RED_SUM:
 		return fl ? LLVMBuildFAdd(g->b, acc, x, "")

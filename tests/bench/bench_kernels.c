@@ -11,9 +11,16 @@
  *   layernorm  layer_norm over rows of 1024  (1 read + 1 write)
  * GB/s counts the bytes a perfect kernel must move (above). The peer is a
  * memcpy of the same number of bytes (reads + writes) split over the same
- * thread pool. Each figure is the median of 15 runs after 3 warm-ups, with
- * the outputs reused across runs; --json also reports runs that allocate
- * fresh outputs every time (as torch does), for comparing with torch.
+ * thread pool. Each figure is the median of 15 runs, with the outputs
+ * reused across runs: the kernel and the memcpy take turns in three blocks
+ * of WARM warm-ups and 5 timed runs each, so that both halves of a ratio
+ * see the same machine (whose speed here changes from one minute to the
+ * next). WARM is 12: with 3, a memcpy of 4 MB that followed the kernel had
+ * not reached its speed (50-60 GB/s against 78-82 after 12, and after 3
+ * warm-ups and 15 timed runs back to back, the way this bench timed it
+ * before), which would have flattered the kernels. --json also reports runs
+ * that allocate fresh outputs every time (as torch does), for comparing
+ * with torch.
  */
 #include "clients/libkiln/kiln.h"
 #include "compiler/compiler.h"
@@ -207,26 +214,26 @@ static void copy_range(void *ctx, int64_t begin, int64_t end)
 	}
 }
 
-/* Seconds for copying `bytes` bytes over the pool (median of 15). */
-static double memcpy_time(kiln_pool_t *p, size_t bytes)
+enum { WARM = 12 };
+
+/* A memcpy of n bytes over the pool, its buffers touched beforehand. */
+static void mc_init(cpy_t *c, size_t n)
 {
-	char *a = aligned_alloc(64, (bytes + 63) / 64 * 64);
-	char *b = aligned_alloc(64, (bytes + 63) / 64 * 64);
-	memset(a, 1, bytes);
-	memset(b, 2, bytes);
-	cpy_t c = {b, a, bytes};
-	int64_t chunks = (int64_t)((bytes + 65535) / 65536);
-	double t[15];
-	for (int r = 0; r < 18; r++) {
-		double t0 = now_s();
-		kiln_pool_parallel_for(p, chunks, 4, copy_range, &c);
-		if (r >= 3)
-			t[r - 3] = now_s() - t0;
+	char *a = aligned_alloc(64, (n + 63) / 64 * 64);
+	char *b = aligned_alloc(64, (n + 63) / 64 * 64);
+	if (a == NULL || b == NULL) {
+		fprintf(stderr, "bench: out of memory\n");
+		exit(1);
 	}
-	qsort(t, 15, sizeof(double), cmpd);
-	free(a);
-	free(b);
-	return t[7];
+	memset(a, 1, n);
+	memset(b, 2, n);
+	*c = (cpy_t){b, a, n};
+}
+
+static void mc_run(kiln_pool_t *p, cpy_t *c)
+{
+	int64_t chunks = (int64_t)((c->n + 65535) / 65536);
+	kiln_pool_parallel_for(p, chunks, 4, copy_range, c);
 }
 
 int main(int argc, char **argv)
@@ -318,13 +325,18 @@ int main(int argc, char **argv)
 			void *ob[4] = {NULL, NULL, NULL, NULL};
 			kiln_io_t outs[4];
 			kiln_run_opts_t ro = {.pool = pool};
-			/* twice: outputs reused across runs (the memcpy
-			 * comparison: neither side touches fresh memory), and
-			 * outputs allocated by the runtime on every run (as
-			 * torch allocates its results: fresh pages) */
-			double t[15], tf[15];
-			for (int fresh = 0; fresh < 2; fresh++) {
-				for (int r = 0; r < 18; r++) {
+			/* outputs reused across runs, in turns with the memcpy
+			 * of the same bytes (neither side touches fresh
+			 * memory); then outputs allocated by the runtime on
+			 * every run (as torch allocates its results: fresh
+			 * pages) */
+			double bytes = (double)elems * 4 *
+				       (strcmp(works[wi], "add") == 0 ? 3 : 2);
+			cpy_t mc;
+			mc_init(&mc, (size_t)(bytes / 2));
+			double t[15], tm15[15], tf[15];
+			for (int blk = 0; blk < 3; blk++) {
+				for (int r = 0; r < WARM + 5; r++) {
 					double t0 = now_s();
 					if (kiln_module_run(
 						m, in, (uint32_t)n_in, ob, outs,
@@ -333,22 +345,43 @@ int main(int argc, char **argv)
 							err);
 						return 1;
 					}
-					for (uint32_t i = 0; fresh && i < nob;
-					     i++) {
-						free(ob[i]);
-						ob[i] = NULL;
-					}
-					if (r >= 3)
-						(fresh ? tf : t)[r - 3] =
+					if (r >= WARM)
+						t[blk * 5 + r - WARM] =
+						    now_s() - t0;
+				}
+				for (int r = 0; r < WARM + 5; r++) {
+					double t0 = now_s();
+					mc_run(pool, &mc);
+					if (r >= WARM)
+						tm15[blk * 5 + r - WARM] =
 						    now_s() - t0;
 				}
 			}
+			free((void *)mc.src);
+			free(mc.dst);
+			for (uint32_t i = 0; i < nob; i++) {
+				free(ob[i]);
+				ob[i] = NULL;
+			}
+			for (int r = 0; r < 18; r++) {
+				double t0 = now_s();
+				if (kiln_module_run(m, in, (uint32_t)n_in, ob,
+						    outs, &ro, err,
+						    sizeof(err)) != 0) {
+					fprintf(stderr, "bench: %s\n", err);
+					return 1;
+				}
+				for (uint32_t i = 0; i < nob; i++) {
+					free(ob[i]);
+					ob[i] = NULL;
+				}
+				if (r >= 3)
+					tf[r - 3] = now_s() - t0;
+			}
 			qsort(t, 15, sizeof(double), cmpd);
+			qsort(tm15, 15, sizeof(double), cmpd);
 			qsort(tf, 15, sizeof(double), cmpd);
-			double bytes = (double)elems * 4 *
-				       (strcmp(works[wi], "add") == 0 ? 3 : 2);
-			double tk = t[7], tkf = tf[7];
-			double tm = memcpy_time(pool, (size_t)(bytes / 2));
+			double tk = t[7], tkf = tf[7], tm = tm15[7];
 			double gk = bytes / tk / 1e9, gm = bytes / tm / 1e9;
 			if (json)
 				printf("{\"workload\": \"%s\", \"mb\": %d, "

@@ -979,6 +979,17 @@ def build_nn():
     case(op, "float_mask_scale", lambda q, k, v, m: sd(q, k, v, attn_mask=m, scale=0.3), q, k, v, U(2, 1, 5, 6))
     qt = U(2, 5, 2, 4).transpose(1, 2)
     case(op, "strided", sd, qt, k, v)
+    # a NaN score (from the mask, or from a key): the row max may drop it
+    # (RED_MAXNP), the exp sum may not; torch gives that query's output and
+    # lse as NaN (a key's NaN: every query of the head). No random draws, so
+    # the cases below keep their inputs.
+    nm = torch.zeros(2, 1, 5, 6)
+    nm[0, 0, 1, 2] = float("nan")
+    nm[1, 0, 3, 5] = float("nan")
+    case(op, "nan_mask", lambda q, k, v, m: sd(q, k, v, attn_mask=m), q, k, v, nm)
+    kn = k.clone()
+    kn[0, 1, 4, 0] = float("nan")
+    case(op, "nan_key", sd, q, kn, v)
     op = "_scaled_dot_product_flash_attention_for_cpu_backward"
     sdb = A._scaled_dot_product_flash_attention_for_cpu_backward.default
     o, l = sd(q, k, v)

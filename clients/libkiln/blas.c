@@ -131,6 +131,14 @@ static void pre_fork_wait(void)
 	pthread_mutex_unlock(&pre_mu);
 }
 
+/* In the child: no loading thread came along; a load the prepare handler
+ * gave up waiting for is one a later call may start again. */
+static void pre_fork_child(void)
+{
+	if (pre_state == 1)
+		pre_state = 0;
+}
+
 int kiln_blas_preload(const char *path)
 {
 	if (path == NULL || strnlen(path, sizeof(pre_path)) >= sizeof(pre_path))
@@ -149,7 +157,7 @@ int kiln_blas_preload(const char *path)
 		goto out;
 	}
 	if (!pre_atfork) {
-		rc = -pthread_atfork(pre_fork_wait, NULL, NULL);
+		rc = -pthread_atfork(pre_fork_wait, NULL, pre_fork_child);
 		if (rc != 0)
 			goto out;
 		pre_atfork = true;

@@ -2099,21 +2099,7 @@ static LLVMValueRef blas_fn(gen_t *g, bool f64)
 	LLVMValueRef dlsym_f = LLVMGetNamedFunction(g->mod, "dlsym");
 	if (dlsym_f == NULL)
 		dlsym_f = LLVMAddFunction(g->mod, "dlsym", dlsym_t);
-	LLVMValueRef path = mod_str(g, "kiln_blas_lib", g->c->blas);
-	/* and a copy that the .so exports, so the runtime can start loading
-	 * the library when it loads the module (runtime.c load_code,
-	 * kiln_blas_preload); weak, as every object of a parallel compile
-	 * defines it. Nothing in the code refers to it: a reference to a
-	 * preemptible symbol from .text is a PC32 relocation ld refuses. */
-	if (LLVMGetNamedGlobal(g->mod, "kiln_blas_path") == NULL) {
-		LLVMValueRef init = LLVMConstStringInContext(
-		    g->ctx, g->c->blas, (unsigned)strlen(g->c->blas), 0);
-		LLVMValueRef ex =
-		    LLVMAddGlobal(g->mod, LLVMTypeOf(init), "kiln_blas_path");
-		LLVMSetInitializer(ex, init);
-		LLVMSetGlobalConstant(ex, 1);
-		LLVMSetLinkage(ex, LLVMWeakODRLinkage);
-	}
+	LLVMValueRef path = mod_str(g, "kiln_blas_path", g->c->blas);
 	LLVMValueRef oargs[2] = {path,
 				 LLVMConstInt(g->i32, 2 /* RTLD_NOW */, 0)};
 	LLVMValueRef h = LLVMBuildCall2(g->b, dlopen_t, dlopen_f, oargs, 2, "");

@@ -427,25 +427,6 @@ const char *kiln_blas_prepare(void);
  * NULL off x86-64). */
 const char *kiln_blas_coretype(void);
 
-/*
- * kiln_blas_preload starts loading the BLAS at path (dlopen, RTLD_NOW) on a
- * detached thread and returns at once: OpenBLAS (a 36 MB DYNAMIC_ARCH
- * library) takes 3.5-5 ms to load here, which the first product of every
- * process otherwise paid inside its first run. kiln_module_from_artifact
- * calls it when the code object's kernels call BLAS (they export the
- * library's path as kiln_blas_path), after kiln_blas_prepare, so the load
- * overlaps whatever the caller does between loading a module and running
- * it. Once per process: later calls, and a library loaded already, do
- * nothing. A fork() waits until the load is done (a pthread_atfork prepare
- * handler, at most 2 s): a child forked while the loading thread held the
- * dynamic loader's lock would inherit that lock held, and hang at its own
- * next dlopen. KILN_BLAS_PRELOAD=0 turns it off (the first product loads
- * the library, as before). Returns 0, or -errno (-EINVAL: no path, or one
- * of 4096 bytes or more; or pthread_create's error: nothing is lost, the
- * first product loads the library).
- */
-int kiln_blas_preload(const char *path);
-
 /* The core of the OpenBLAS at path (NULL: libopenblas.so.0), as its
  * openblas_get_corename says ("SkylakeX", "Prescott"), if it is loaded in
  * this process; NULL if it is not loaded or is not OpenBLAS. The string

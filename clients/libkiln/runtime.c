@@ -218,12 +218,6 @@ static int load_code(kiln_module_t *m, char *err, size_t errlen)
 					  k, a->kernels[k].name);
 		memcpy(&m->fns[k], &sym, sizeof(sym));
 	}
-	/* kernels that call BLAS export its path (codegen.c blas_fn): start
-	 * loading it now, beside whatever the caller does before the first
-	 * run, rather than inside that run's first product */
-	const char *blas = dlsym(m->dl, "kiln_blas_path");
-	if (blas != NULL)
-		(void)kiln_blas_preload(blas);
 	return 0;
 }
 

@@ -16,14 +16,11 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <dlfcn.h>
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef KILN_TEST_DATA_DIR
@@ -769,131 +766,6 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 	free(in);
 	free(args);
 	kiln_module_free(m);
-}
-
-/* The BLAS a module's kernels call, loaded on a thread of its own when the
- * module is loaded (kiln_blas_preload), so the first product finds it
- * loaded; off with KILN_BLAS_PRELOAD=0; a fork waits for it. Each test runs
- * in a process of its own (criterion), where OpenBLAS starts unloaded: the
- * compiler's probe loads and closes it. */
-static bool blas_loaded(void)
-{
-	void *h = dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_NOLOAD);
-	if (h != NULL)
-		dlclose(h);
-	return h != NULL;
-}
-
-/* A loaded mm whose kernel calls BLAS (OpenBLAS not loaded before the
- * module), or a skip saying why not. */
-static kiln_module_t *blas_mm_module(kiln_compiler_t **kc)
-{
-	if (getenv("KILN_BLAS") != NULL)
-		cr_skip_test(
-		    "KILN_BLAS is set: these look for libopenblas.so.0");
-	*kc = new_compiler();
-	char *rep = mm_report(*kc, 64, 32, 48);
-	bool blas = strstr(rep, "matmul via BLAS") != NULL;
-	free(rep);
-	if (!blas)
-		cr_skip_test("no BLAS library here: products use the template");
-	kiln_graph_t *g = mm_graph(64, 32, 48);
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	kiln_artifact_t *a = NULL;
-	char err[512];
-	cr_assert_eq(kiln_compile(*kc, g, &opts, &a, NULL, err, sizeof(err)), 0,
-		     "%s", err);
-	kiln_graph_free(g);
-	if (blas_loaded())
-		cr_skip_test("libopenblas.so.0 stayed loaded after the "
-			     "compiler's probe");
-	kiln_module_t *m = NULL;
-	cr_assert_eq(kiln_module_from_artifact(a, &m, err, sizeof(err)), 0,
-		     "%s", err);
-	return m;
-}
-
-static bool wait_blas_loaded(double seconds)
-{
-	for (int i = 0; i < (int)(seconds * 1000); i++) {
-		if (blas_loaded())
-			return true;
-		usleep(1000);
-	}
-	return blas_loaded();
-}
-
-Test(blas, module_load_starts_loading_openblas)
-{
-	kiln_compiler_t *kc;
-	kiln_module_t *m = blas_mm_module(&kc);
-	/* nothing has run: only the preload can have loaded it */
-	cr_expect(wait_blas_loaded(10.0),
-		  "libopenblas.so.0 not loaded 10 s after the module");
-	kiln_module_free(m);
-	kiln_compiler_free(kc);
-}
-
-Test(blas, preload_off_leaves_it_to_the_first_product)
-{
-	setenv("KILN_BLAS_PRELOAD", "0", 1);
-	kiln_compiler_t *kc;
-	kiln_module_t *m = blas_mm_module(&kc);
-	usleep(200000);
-	cr_expect(!blas_loaded(), "KILN_BLAS_PRELOAD=0, yet loaded");
-	kiln_module_free(m);
-	/* the kernel still loads it at its first product, and computes */
-	kiln_graph_t *g = mm_graph(64, 32, 48);
-	expect_matches_interp(kc, g, "default", 7, 1e-5, "mm, no preload");
-	cr_expect(blas_loaded(), "the product did not load libopenblas.so.0");
-	kiln_graph_free(g);
-	kiln_compiler_free(kc);
-}
-
-/* fork() right after the module load started the preload: the child must
- * find the library loaded (the prepare handler waited for the loading
- * thread), never a loader lock held by a thread the child does not have
- * (it would hang at its dlopen: the alarm turns that into a failure). */
-Test(blas, fork_waits_for_the_preload)
-{
-	kiln_compiler_t *kc;
-	kiln_module_t *m = blas_mm_module(&kc);
-	pid_t pid = fork();
-	cr_assert(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		alarm(20);
-		_exit(blas_loaded() ? 0 : 3);
-	}
-	int st = 0;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-		  "child: %s %d (3: not loaded; SIGALRM: hung in dlopen)",
-		  WIFEXITED(st) ? "exit" : "signal",
-		  WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-	cr_expect(blas_loaded());
-	/* once per process: a second call does nothing */
-	cr_expect_eq(kiln_blas_preload("libopenblas.so.0"), 0);
-	kiln_module_free(m);
-	kiln_compiler_free(kc);
-}
-
-Test(blas, preload_rejects_bad_paths)
-{
-	cr_expect_eq(kiln_blas_preload(NULL), -EINVAL);
-	static char longp[5000];
-	memset(longp, 'a', sizeof(longp) - 1);
-	cr_expect_eq(kiln_blas_preload(longp), -EINVAL);
-	/* a library that does not exist: the thread's dlopen fails, nothing
-	 * else happens (the first product reports a missing BLAS) */
-	cr_expect_eq(kiln_blas_preload("libkiln-no-such-blas.so.0"), 0);
-	pid_t pid = fork();
-	cr_assert(pid >= 0);
-	if (pid == 0)
-		_exit(0);
-	int st = 0;
-	cr_expect_eq(waitpid(pid, &st, 0), pid);
-	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 /* A product through the GEMM template (codegen.c cg_gemm_tmpl: f32, at

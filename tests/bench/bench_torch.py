@@ -718,6 +718,10 @@ def main():
     kilnd = os.environ.get("KILND") or os.path.join(BUILD, "daemon", "kilnd")
     if not os.access(kilnd, os.X_OK):
         sys.exit(f"kilnd not built: {kilnd} (ninja -C build)")
+    # the daemons started here (conftest's Kilnd reads $KILND): this
+    # build's; earlier runs with KILN_BUILD_DIR=build-rel started build/'s
+    # (debug) kilnd for them, the release one only for the clients' libkiln
+    os.environ["KILND"] = os.path.abspath(kilnd)
     tmp = tempfile.mkdtemp(prefix="kiln-bt-", dir="/tmp")
     logp = a.log or os.path.join(tmp, "children.log")
     load0 = tuple(round(x, 2) for x in os.getloadavg())

@@ -16,9 +16,10 @@
  * of WARM warm-ups and 5 timed runs each, so that both halves of a ratio
  * see the same machine (whose speed here changes from one minute to the
  * next). WARM is 12: with 3, a memcpy of 4 MB that followed the kernel had
- * not reached its speed (50-60 GB/s against 78-82 after 12, and after 3
- * warm-ups and 15 timed runs back to back, the way this bench timed it
- * before), which would have flattered the kernels. --json also reports runs
+ * not reached its speed (softmax's: 53-60 GB/s against 79-81 after 12),
+ * which would have flattered the kernels; the single memcpy measurement
+ * this bench made before (3 warm-ups, after the kernel) read anywhere from
+ * 38 to 87 GB/s at 1-4 MB on this VM. --json also reports runs
  * that allocate fresh outputs every time (as torch does), for comparing
  * with torch.
  */

@@ -688,7 +688,10 @@ static void sb_dims(cctx_t *c, sbuf_t *s, uint32_t rank, const kiln_dim_t *d,
 
 static const char *const role_names[] = {"full", "reduce", "row"};
 static const char *const red_names[] = {
-    "", "sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "max"};
+    [RED_NONE] = "",	     [RED_SUM] = "sum", [RED_PROD] = "prod",
+    [RED_MAX] = "max",	     [RED_MIN] = "min", [RED_ARGMAX] = "argmax",
+    [RED_ARGMIN] = "argmin", [RED_ANY] = "any", [RED_ALL] = "all",
+    [RED_MAXNP] = "max"}; /* by red_op_t, whatever its order */
 
 /* max-autotune's decision for graph node `node`, when it made one:
  * whether a line was written */

@@ -44,7 +44,10 @@ int cpu_optimize(cpu_target_t *t, LLVMTargetMachineRef tm, LLVMModuleRef m,
 		 char *err, size_t errlen);
 int cpu_emit(LLVMTargetMachineRef tm, LLVMModuleRef m, bool assembly,
 	     uint8_t **out, size_t *len, char *err, size_t errlen);
-/* Links n objects into one shared object. */
+/* Links n objects into one shared object; libm and libmvec only where
+ * cpu_object_imports says an object calls them. */
+enum { CPU_IMPORTS_LIBM = 1, CPU_IMPORTS_LIBMVEC = 2 };
+int cpu_object_imports(const uint8_t *obj, size_t len);
 int cpu_link(cpu_target_t *t, int n, uint8_t *const *objs, const size_t *lens,
 	     uint8_t **so, size_t *solen, char *err, size_t errlen);
 

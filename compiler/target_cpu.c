@@ -10,11 +10,21 @@
  * corpus graphs, ld.bfd links in 4.7-5.3 ms and LLVM 16's ld.lld in 17-22
  * ms: lld's own work is smaller, but it first loads the 100 MB libLLVM
  * shared library. lld is the fallback when binutils is absent; KILN_LINKER
- * overrides. The .so records libm as needed (the f64 and pow/atan2 paths
- * call it).
+ * overrides.
+ *
+ * libm (and, with KILN_MATH=libmvec, libmvec) is on the link line only
+ * when an object calls a function that libc does not define: the f64,
+ * fmod and pow/atan2 paths call libm, the default f32 math is kiln's own
+ * polynomials, and none of the corpus graphs' kernels import anything but
+ * dlopen/dlsym (for OpenBLAS). ld reads a shared library's whole symbol
+ * table, and libm's costs 2-3 ms of a 5-7 ms link. A .so without libm
+ * records no DT_NEEDED for it; its libc imports bind to the libc every
+ * process has.
  */
 #include "compiler/cpu.h"
 
+#include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <llvm-c/Analysis.h>
@@ -355,6 +365,69 @@ static int read_file(const char *path, uint8_t **out, size_t *len)
 	return 0;
 }
 
+static void *libc_handle;
+static pthread_once_t libc_once = PTHREAD_ONCE_INIT;
+
+static void libc_open(void)
+{
+	libc_handle = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+}
+
+/* Whether the ELF64 relocatable object p[0..n) has an undefined global or
+ * weak symbol that libc does not define (so the link needs libm or
+ * libmvec): bit 0 for a libm name, bit 1 for a libmvec one (_ZGV...).
+ * An object it cannot read gets both bits: linking a library the code
+ * does not use costs time, leaving out one it does breaks the load. */
+int cpu_object_imports(const uint8_t *p, size_t n)
+{
+	const int all = CPU_IMPORTS_LIBM | CPU_IMPORTS_LIBMVEC;
+	Elf64_Ehdr eh;
+	if (n < sizeof(eh))
+		return all;
+	memcpy(&eh, p, sizeof(eh));
+	if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+	    eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+	    eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shoff > n ||
+	    (n - eh.e_shoff) / sizeof(Elf64_Shdr) < eh.e_shnum)
+		return all;
+	pthread_once(&libc_once, libc_open);
+	int need = 0;
+	for (unsigned i = 0; i < eh.e_shnum; i++) {
+		Elf64_Shdr sh, st;
+		memcpy(&sh, p + eh.e_shoff + i * sizeof(sh), sizeof(sh));
+		if (sh.sh_type != SHT_SYMTAB)
+			continue;
+		if (sh.sh_link >= eh.e_shnum || sh.sh_offset > n ||
+		    sh.sh_size > n - sh.sh_offset)
+			return all;
+		memcpy(&st, p + eh.e_shoff + sh.sh_link * sizeof(st),
+		       sizeof(st));
+		if (st.sh_offset > n || st.sh_size > n - st.sh_offset ||
+		    st.sh_size == 0 || p[st.sh_offset + st.sh_size - 1] != 0)
+			return all;
+		const char *names = (const char *)p + st.sh_offset;
+		for (size_t k = 0; k + sizeof(Elf64_Sym) <= sh.sh_size;
+		     k += sizeof(Elf64_Sym)) {
+			Elf64_Sym sym;
+			memcpy(&sym, p + sh.sh_offset + k, sizeof(sym));
+			int bind = ELF64_ST_BIND(sym.st_info);
+			if (sym.st_shndx != SHN_UNDEF || sym.st_name == 0 ||
+			    (bind != STB_GLOBAL && bind != STB_WEAK))
+				continue;
+			if (sym.st_name >= st.sh_size)
+				return all;
+			const char *name = names + sym.st_name;
+			if (libc_handle != NULL &&
+			    dlsym(libc_handle, name) != NULL)
+				continue;
+			need |= strncmp(name, "_ZGV", 4) == 0
+				    ? CPU_IMPORTS_LIBMVEC
+				    : CPU_IMPORTS_LIBM;
+		}
+	}
+	return need;
+}
+
 int cpu_link(cpu_target_t *t, int n, uint8_t *const *objs, const size_t *lens,
 	     uint8_t **so, size_t *solen, char *err, size_t errlen)
 {
@@ -383,9 +456,14 @@ int cpu_link(cpu_target_t *t, int n, uint8_t *const *objs, const size_t *lens,
 			   strerror(-rc));
 		goto out;
 	}
-	const char *libm = access("/lib/x86_64-linux-gnu/libm.so.6", R_OK) == 0
-			       ? "/lib/x86_64-linux-gnu/libm.so.6"
-			       : NULL;
+	int imports = 0;
+	for (int i = 0; i < n; i++)
+		imports |= cpu_object_imports(objs[i], lens[i]);
+	const char *libm =
+	    (imports != 0 &&
+	     access("/lib/x86_64-linux-gnu/libm.so.6", R_OK) == 0)
+		? "/lib/x86_64-linux-gnu/libm.so.6"
+		: NULL;
 	char *argv[16 + CPU_PAR_MAX];
 	int ac = 0;
 	argv[ac++] = t->linker;
@@ -399,7 +477,7 @@ int cpu_link(cpu_target_t *t, int n, uint8_t *const *objs, const size_t *lens,
 		argv[ac++] = o[i];
 	if (libm != NULL)
 		argv[ac++] = (char *)libm;
-	if (t->libmvec[0] != '\0')
+	if (t->libmvec[0] != '\0' && (imports & CPU_IMPORTS_LIBMVEC))
 		argv[ac++] = t->libmvec;
 	argv[ac] = NULL;
 	posix_spawn_file_actions_t fa;

@@ -12,10 +12,12 @@
  */
 #include "clients/libkiln/kiln.h"
 #include "compiler/compiler.h"
+#include "compiler/cpu.h"
 #include "tests/common/testdata.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <elf.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -878,10 +880,11 @@ Test(fusion, gemm_template_matches_the_interpreter)
 }
 
 /* y = a @ x[:, 1].unsqueeze(1): B is [K, 1] with strides (4, 0), unit
- * along neither dim (BLAS takes it in place: N is 1); under 32 columns it
- * keeps BLAS by the heuristic (under max-autotune the packed template
- * reads the column with masked loads at k·4). */
-Test(fusion, gemm_template_packs_a_strided_column)
+ * along neither dim. With N = 1 and A row-major the product is a row
+ * reduction (ops_gemm.c gemv_ok) that reads the column at k·4, on every
+ * target; before 8689404 it was a BLAS call, and this test checked that
+ * on AVX-512 only, where it went stale unseen. */
+Test(fusion, a_strided_column_product_is_a_reduction)
 {
 	kiln_compiler_t *kc = new_compiler();
 	const int64_t M = 1024, K = 2048;
@@ -920,10 +923,10 @@ Test(fusion, gemm_template_packs_a_strided_column)
 	ref(&b, 4);
 	kiln_graph_t *g = graph_from_json_like("strided column", &b.sb);
 	char *rep = NULL;
-	n_kernels(kc, g, &rep);
-	if (__builtin_cpu_supports("avx512f"))
-		cr_expect(strstr(rep, "BLAS: under 32 columns") != NULL, "%s",
-			  rep);
+	cr_expect_eq(n_kernels(kc, g, &rep), 1);
+	cr_expect(strstr(rep, "reduce sum") != NULL &&
+		      strstr(rep, "matmul via BLAS") == NULL,
+		  "%s", rep);
 	free(rep);
 	expect_matches_interp(kc, g, "default", 23, 1e-4, "strided column");
 	kiln_graph_free(g);
@@ -2417,6 +2420,109 @@ Test(settings, a_linker_that_cannot_run_is_a_clear_error)
 	msgpack_sbuffer_destroy(&b.sb);
 	kiln_compiler_free(kc);
 	unsetenv("KILN_LINKER");
+}
+
+/* Whether the ELF64 shared object p[0..n) records DT_NEEDED `lib`. */
+static bool so_needs(const uint8_t *p, size_t n, const char *lib)
+{
+	Elf64_Ehdr eh;
+	cr_assert_geq(n, sizeof(eh));
+	memcpy(&eh, p, sizeof(eh));
+	cr_assert_leq(eh.e_shoff + eh.e_shnum * sizeof(Elf64_Shdr), n);
+	for (unsigned i = 0; i < eh.e_shnum; i++) {
+		Elf64_Shdr sh, st;
+		memcpy(&sh, p + eh.e_shoff + i * sizeof(sh), sizeof(sh));
+		if (sh.sh_type != SHT_DYNAMIC)
+			continue;
+		memcpy(&st, p + eh.e_shoff + sh.sh_link * sizeof(st),
+		       sizeof(st));
+		for (size_t k = 0; k + sizeof(Elf64_Dyn) <= sh.sh_size;
+		     k += sizeof(Elf64_Dyn)) {
+			Elf64_Dyn d;
+			memcpy(&d, p + sh.sh_offset + k, sizeof(d));
+			if (d.d_tag == DT_NEEDED &&
+			    strcmp((const char *)p + st.sh_offset +
+				       d.d_un.d_val,
+				   lib) == 0)
+				return true;
+		}
+	}
+	return false;
+}
+
+/* libm is linked only where a kernel calls it: fmod's f32 remainder is
+ * libm's fmodf, add calls nothing. Both artifacts load and run. */
+Test(compile, libm_is_linked_only_when_a_kernel_calls_it)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		const char *op;
+		bool libm;
+		float want; /* out[0] for a = 7.5, b = 2 */
+	} cases[] = {{"aten.add.Tensor", false, 9.5f},
+		     {"aten.fmod.Tensor", true, 1.5f}};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		gb_t b;
+		one_node(&b, cases[c].op, 3, 4, 3, 4, 3, 4, 0, NULL);
+		kiln_graph_t *g = graph_from_json_like(cases[c].op, &b.sb);
+		char err[512];
+		kiln_artifact_t *a = NULL;
+		int rc = compile_default(kc, g, &a, err, sizeof(err));
+		cr_assert_eq(rc, 0, "%s: rc %d: %s", cases[c].op, rc, err);
+		cr_expect_eq(so_needs(a->code, a->code_len, "libm.so.6"),
+			     cases[c].libm, "%s", cases[c].op);
+		kiln_module_t *m = NULL;
+		rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
+		cr_assert_eq(rc, 0, "%s: %s", cases[c].op, err);
+		kiln_tensor_t in[2];
+		kiln_io_t args[2];
+		const int64_t sz[2] = {3, 4};
+		for (int t = 0; t < 2; t++) {
+			cr_assert_eq(
+			    kiln_td_tensor_alloc(&in[t], KILN_DT_F32, 2, sz),
+			    0);
+			for (int i = 0; i < 12; i++)
+				((float *)in[t].data)[i] = t == 0 ? 7.5f : 2;
+			args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
+		}
+		void *ob[1] = {NULL};
+		kiln_io_t out[1];
+		rc = kiln_module_run(m, args, 2, ob, out, NULL, err,
+				     sizeof(err));
+		cr_assert_eq(rc, 0, "%s: %s", cases[c].op, err);
+		cr_expect_eq(((const float *)out[0].t.data)[11], cases[c].want,
+			     "%s: %g", cases[c].op,
+			     (double)((const float *)out[0].t.data)[11]);
+		free(ob[0]);
+		for (int t = 0; t < 2; t++)
+			kiln_td_tensor_free(&in[t]);
+		kiln_module_free(m);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* A buffer that is not an ELF64 object counts as importing libm and
+ * libmvec: linking a library the code does not call costs time, leaving
+ * out one it does would break the load. */
+Test(compile, an_unreadable_object_links_every_library)
+{
+	static const uint8_t junk[] = "not an object at all, not even close";
+	const int all = CPU_IMPORTS_LIBM | CPU_IMPORTS_LIBMVEC;
+	cr_expect_eq(cpu_object_imports(junk, sizeof(junk)), all);
+	cr_expect_eq(cpu_object_imports(junk, 3), all);
+	uint8_t hdr[sizeof(Elf64_Ehdr)];
+	memset(hdr, 0, sizeof(hdr));
+	memcpy(hdr, ELFMAG, SELFMAG);
+	hdr[EI_CLASS] = ELFCLASS64;
+	Elf64_Ehdr eh;
+	memcpy(&eh, hdr, sizeof(eh));
+	eh.e_shentsize = sizeof(Elf64_Shdr);
+	eh.e_shoff = 1u << 20; /* past the end */
+	eh.e_shnum = 4;
+	memcpy(hdr, &eh, sizeof(eh));
+	cr_expect_eq(cpu_object_imports(hdr, sizeof(hdr)), all);
 }
 
 /* KILN_LLVM_PASSES: a pipeline LLVM cannot parse fails the compile with

@@ -653,6 +653,8 @@ static void dyn_settle(kilnd_server_t *s, kilnd_job_t *j, bool ok)
 	e->gg = NULL;
 }
 
+static void drain_soon(kilnd_server_t *s);
+
 static void done_async_cb(uv_async_t *a)
 {
 	kilnd_server_t *s = a->data;
@@ -660,6 +662,10 @@ static void done_async_cb(uv_async_t *a)
 	kilnd_job_t *list = s->done_head;
 	s->done_head = s->done_tail = NULL;
 	pthread_mutex_unlock(&s->done_mu);
+	/* While draining, a finished compile may be the last one: let the
+	 * drain step look now, not at the next one-second tick. */
+	if (list != NULL && s->draining)
+		drain_soon(s);
 	while (list != NULL) {
 		kilnd_job_t *j = list;
 		list = j->dnext;
@@ -1128,11 +1134,24 @@ static void finish(kilnd_server_t *s)
 	uv_unref((uv_handle_t *)&s->done_async);
 }
 
+static void tick_cb(uv_timer_t *t);
+
+/* Run the drain step (tick_cb) on the loop's next turn rather than at the
+ * next one-second tick. Not inline: the caller may be inside a read
+ * callback of a connection the step closes. */
+static void drain_soon(kilnd_server_t *s)
+{
+	if (!s->stopped && !s->flushing)
+		uv_timer_start(&s->tick, tick_cb, 0, 1000);
+}
+
 void kilnd_drain(kilnd_server_t *s, bool wait_for_compiles)
 {
 	if (s->draining) {
-		if (!wait_for_compiles)
+		if (!wait_for_compiles) {
 			s->drain_deadline_ms = kilnd_now_ms(s);
+			drain_soon(s);
+		}
 		return;
 	}
 	s->draining = true;
@@ -1146,6 +1165,10 @@ void kilnd_drain(kilnd_server_t *s, bool wait_for_compiles)
 	close_listeners(s);
 	/* Queued (not yet running) compiles will not start. */
 	kilnd_pool_stop(s->pool);
+	/* drain: false abandons running compiles now: a compile that ends
+	 * before the next one-second tick is not answered with its
+	 * artifact. An idle kilnd exits at once either way. */
+	drain_soon(s);
 }
 
 static void status_line(kilnd_server_t *s)

@@ -5,7 +5,8 @@
 
 --kernels  fused kernels (add, gelu(x*w+b), softmax, layer_norm at 1-64 MB):
            kiln (build/tests/bench/bench_kernels) against a memcpy of the same
-           bytes, torch eager, and torch.compile with Inductor, in GB/s.
+           bytes, torch eager, and torch.compile with Inductor, in GB/s; each
+           point in --rounds rounds (3) of all four in turn, medians.
 --compile  compile latency per corpus model: kiln (kilnc --bench: median of
            5, in-process, cold: every compile starts from nothing) against
            Inductor's cold compile of the same model (an empty
@@ -42,14 +43,23 @@ def median_time(fn, reps=15, warm=3):
     return statistics.median(ts)
 
 
-def bench_kernels(threads, mbs):
+def bench_kernels(threads, mbs, rounds=3):
+    """Each point (workload, size) is measured in `rounds` rounds, one after
+    the other: kiln and the memcpy (bench_kernels for that point alone:
+    median of 15, the two interleaved), then eager, then Inductor (median of
+    15 each). Every figure is the median over the rounds, so the two sides
+    of each ratio are measured seconds apart, not minutes (this host's
+    speed at 16 MB, the size where input and output fill its L3, changed
+    by 3x between whole runs)."""
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(threads)
-    r = subprocess.run([os.path.join(BUILD, "tests", "bench", "bench_kernels"), "--json",
-                        "--threads", str(threads), "--mb", ",".join(map(str, mbs))],
-                       capture_output=True, text=True, check=True)
-    kiln = {(d["workload"], d["mb"]): d for d in map(json.loads, r.stdout.split("\n")[:-1])}
+
+    def kiln_point(name, mb):
+        r = subprocess.run([os.path.join(BUILD, "tests", "bench", "bench_kernels"), "--json",
+                            "--threads", str(threads), "--mb", str(mb), "--workload", name],
+                           capture_output=True, text=True, check=True)
+        return json.loads(r.stdout.strip().splitlines()[-1])
 
     def work(name, mb):
         n = mb << 18
@@ -68,26 +78,35 @@ def bench_kernels(threads, mbs):
         return (lambda a, w_, b_: F.layer_norm(a, (cols,), w_, b_)), (x, w, b), 2
 
     print(f"\n== kernels ({threads} threads): GB/s (bytes a perfect kernel moves / time), "
-          "median of 15")
+          f"median of {rounds} rounds of kiln+memcpy, eager, Inductor in turn (each a median of 15)")
     print("   kiln: outputs reused (vs memcpy); kiln*: fresh outputs every call, as torch "
           "allocates its results (vs eager and Inductor)")
     print(f"{'workload':10} {'MB':>4} {'memcpy':>8} {'kiln':>8} {'kiln*':>8} {'eager':>8} "
           f"{'inductor':>9} {'kiln/memcpy':>12} {'kiln*/eager':>11} {'kiln*/ind':>9}")
     rows_out = []
+    med = statistics.median
     for name in ("add", "gelu", "softmax", "layernorm"):
         for mb in mbs:
             fn, args, passes = work(name, mb)
             nbytes = (mb << 20) * passes
-            te = median_time(lambda: fn(*args))
             torch._dynamo.reset()
             cf = torch.compile(fn)
-            ti = median_time(lambda: cf(*args))
-            k = kiln[(name, mb)]
-            ge, gi = nbytes / te / 1e9, nbytes / ti / 1e9
-            gk, gf, gm = k["kiln_gbs"], k["kiln_fresh_gbs"], k["memcpy_gbs"]
+            cf(*args)  # Inductor's compile, outside the rounds
+            rs = []
+            for _ in range(rounds):
+                k = kiln_point(name, mb)
+                te = median_time(lambda: fn(*args))
+                ti = median_time(lambda: cf(*args))
+                rs.append((k["memcpy_gbs"], k["kiln_gbs"], k["kiln_fresh_gbs"],
+                           nbytes / te / 1e9, nbytes / ti / 1e9))
+            gm, gk, gf, ge, gi = (med(r[i] for r in rs) for i in range(5))
+            # the ratios: medians of the per-round ratios
+            rk = med(r[1] / r[0] for r in rs)
+            re_ = med(r[2] / r[3] for r in rs)
+            ri = med(r[2] / r[4] for r in rs)
             rows_out.append((name, mb, gm, gk, gf, ge, gi))
             print(f"{name:10} {mb:4} {gm:8.1f} {gk:8.1f} {gf:8.1f} {ge:8.1f} {gi:9.1f} "
-                  f"{gk / gm:11.0%} {gf / ge:10.2f}x {gf / gi:8.2f}x")
+                  f"{rk:11.0%} {re_:10.2f}x {ri:8.2f}x", flush=True)
     return rows_out
 
 
@@ -159,10 +178,12 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--mb", default="1,4,16,64")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds per kernel point, kiln and its peers in turn (default 3)")
     a = ap.parse_args()
     both = not a.kernels and not a.compile
     if a.kernels or both:
-        bench_kernels(a.threads, [int(x) for x in a.mb.split(",")])
+        bench_kernels(a.threads, [int(x) for x in a.mb.split(",")], max(1, a.rounds))
     if a.compile or both:
         bench_compile(a.threads)
 

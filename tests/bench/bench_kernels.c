@@ -2,8 +2,10 @@
  * bench_kernels.c — speed of kiln's fused kernels against a memcpy of the
  * same bytes, measured in the same run.
  *
- *   bench_kernels [--json] [--mb 1,4,16,64] [--threads N]
+ *   bench_kernels [--json] [--mb 1,4,16,64] [--threads N] [--workload W]
  *
+ * --workload runs one of the four below (bench_compiler.py runs each
+ * point in turn with torch's, so that all of them see the same minute).
  * Workloads over an f32 tensor of the given size (the "main" tensor):
  *   add        y = a + b                     (bytes: 2 reads + 1 write)
  *   gelu       y = gelu(x * w + b), w, b [C] (1 read + 1 write)
@@ -240,6 +242,7 @@ static void mc_run(kiln_pool_t *p, cpy_t *c)
 int main(int argc, char **argv)
 {
 	bool json = false;
+	const char *only = NULL;
 	int mbs[8] = {1, 4, 16, 64}, n_mb = 4;
 	unsigned threads = 0;
 	for (int i = 1; i < argc; i++) {
@@ -249,7 +252,15 @@ int main(int argc, char **argv)
 			n_mb = 0;
 			char *p = argv[++i];
 			while (*p && n_mb < 8) {
-				mbs[n_mb++] = atoi(p);
+				mbs[n_mb] = atoi(p);
+				if (mbs[n_mb] < 1 || mbs[n_mb] > 4096) {
+					fprintf(stderr,
+						"bench_kernels: --mb takes "
+						"sizes of 1 to 4096 MB, "
+						"comma-separated\n");
+					return 2;
+				}
+				n_mb++;
 				p = strchr(p, ',');
 				if (!p)
 					break;
@@ -257,6 +268,29 @@ int main(int argc, char **argv)
 			}
 		} else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
 			threads = (unsigned)atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--workload") == 0 && i + 1 < argc) {
+			only = argv[++i];
+		} else {
+			fprintf(stderr,
+				"bench_kernels: unknown argument '%s' (usage: "
+				"bench_kernels [--json] [--mb 1,4,16,64] "
+				"[--threads N] [--workload "
+				"add|gelu|softmax|layernorm])\n",
+				argv[i]);
+			return 2;
+		}
+	}
+	const char *works[] = {"add", "gelu", "softmax", "layernorm"};
+	if (only != NULL) {
+		int found = 0;
+		for (int wi = 0; wi < 4; wi++)
+			found |= strcmp(works[wi], only) == 0;
+		if (!found) {
+			fprintf(stderr,
+				"bench_kernels: unknown workload '%s' (add, "
+				"gelu, softmax or layernorm)\n",
+				only);
+			return 2;
 		}
 	}
 	char err[512];
@@ -268,11 +302,12 @@ int main(int argc, char **argv)
 	kiln_pool_t *pool = NULL;
 	if (kiln_pool_new(threads, &pool) != 0)
 		return 1;
-	const char *works[] = {"add", "gelu", "softmax", "layernorm"};
 	if (!json)
 		printf("%-10s %6s %10s %10s %10s %8s\n", "workload", "MB",
 		       "kiln ms", "kiln GB/s", "memcpy GB/s", "ratio");
 	for (int wi = 0; wi < 4; wi++) {
+		if (only != NULL && strcmp(works[wi], only) != 0)
+			continue;
 		for (int mi = 0; mi < n_mb; mi++) {
 			int64_t elems = (int64_t)mbs[mi] << 18; /* MB of f32 */
 			int64_t cols = 1024, rows = elems / cols;

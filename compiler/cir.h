@@ -118,6 +118,8 @@ typedef struct cbuf {
 	bool in_memory;	     /* must be stored */
 	bool ext_read;	     /* read outside its kernel (or by a fallback) */
 	bool row_local;	     /* lives in a per-row scratch of its kernel */
+	uint32_t row_out;    /* row_local: 1 + the output buffer whose row
+				holds it (sched.c), 0: a stack scratch */
 	bool custom_strides; /* an output laid out as declared, not row-major */
 	bool is_output;	     /* backs a graph output: an OUTPUT buffer */
 	int32_t out_index;   /* OUTPUT buffer number */

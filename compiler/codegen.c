@@ -417,6 +417,23 @@ static LLVMValueRef emit_sx(gen_t *g, const sx_t *e);
 static const kiln_expr_t *reduce_linear(gen_t *g);
 static LLVMValueRef entry_alloca(gen_t *g, LLVMTypeRef t);
 
+/* The address of the current element of a row-local buffer kept in an
+ * output's row (sched.c row_in_output): the output's own store address, in
+ * the pass that computes it and in the passes that read it. */
+static LLVMValueRef row_out_ptr(gen_t *g, const cbuf_t *b)
+{
+	uint32_t ob = b->row_out - 1;
+	for (uint32_t i = 0; i < g->k->n_members; i++) {
+		const kmember_t *m = &g->k->members[i];
+		if (m->role != ROLE_FULL || g->c->nodes[m->node].buf != ob)
+			continue;
+		LLVMValueRef idx = emit_ix(g, m->sidx);
+		return LLVMBuildGEP2(g->b, storage_type(g, b->dtype, 1),
+				     buf_ptr(g, ob), &idx, 1, "");
+	}
+	return NULL;
+}
+
 /* The per-row scratch of a row-local buffer (allocated once per kernel). */
 static LLVMValueRef scratch_ptr(gen_t *g, uint32_t buf)
 {
@@ -514,9 +531,13 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 		kiln_dtype_t cdt = compute_dtype(b->dtype);
 		LLVMTypeRef et =
 		    cg_scalar_type(g, cdt == KILN_DT_BOOL ? KILN_DT_I8 : cdt);
-		LLVMValueRef p = LLVMBuildGEP2(
-		    g->b, et, scratch_ptr(g, e->buf),
-		    (LLVMValueRef[]){emit_ix(g, reduce_linear(g))}, 1, "");
+		LLVMValueRef p =
+		    b->row_out != 0
+			? row_out_ptr(g, b)
+			: LLVMBuildGEP2(
+			      g->b, et, scratch_ptr(g, e->buf),
+			      (LLVMValueRef[]){emit_ix(g, reduce_linear(g))}, 1,
+			      "");
 		LLVMValueRef v = LLVMBuildLoad2(
 		    g->b, w > 1 ? LLVMVectorType(et, (unsigned)w) : et, p, "");
 		LLVMSetAlignment(v, (unsigned)kiln_dtype_size(cdt));
@@ -1449,11 +1470,15 @@ static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 					: v;
 				LLVMTypeRef et = cg_scalar_type(
 				    g, cdt == KILN_DT_BOOL ? KILN_DT_I8 : cdt);
-				LLVMValueRef p = LLVMBuildGEP2(
-				    g->b, et, scratch_ptr(g, mnode(g, i)->buf),
-				    (LLVMValueRef[]){
-					emit_ix(g, reduce_linear(g))},
-				    1, "");
+				LLVMValueRef p =
+				    mb->row_out != 0
+					? row_out_ptr(g, mb)
+					: LLVMBuildGEP2(
+					      g->b, et,
+					      scratch_ptr(g, mnode(g, i)->buf),
+					      (LLVMValueRef[]){
+						  emit_ix(g, reduce_linear(g))},
+					      1, "");
 				LLVMValueRef st = LLVMBuildStore(g->b, sv, p);
 				LLVMSetAlignment(
 				    st, (unsigned)kiln_dtype_size(cdt));

@@ -393,6 +393,69 @@ static void mark_fb_arg(cctx_t *c, const kiln_arg_t *a, int32_t kernel)
  * memory traffic. Static rows of at most ROW_LOCAL_MAX elements. */
 #define ROW_LOCAL_MAX 16384
 
+static bool member_reads(const kmember_t *m, uint32_t buf)
+{
+	struct bufscan q = {buf, false};
+	sx_each_load(m->body, scan_buf, &q);
+	return q.hit;
+}
+
+/* The scratch of row-local member i in the row of the kernel's output, when
+ * one is written in the last pass at the same positions: softmax's
+ * exp(x - max) goes straight into the output row, which the last pass then
+ * scales in place. The output's lines are then brought into the cache (and
+ * written) during the exp pass, under its arithmetic, instead of in a last
+ * pass that is only stores; and the row's working set is two rows, not
+ * three. Conditions: the output's store index is the row's base plus the
+ * row-major position in the reduced dims (so unit stride along the
+ * vectorized last dim), its dtype is the scratch's (f32 or f64: no
+ * conversion), it is the last pass's store, and no member after it in that
+ * pass reads the scratch (each element is read before it is overwritten). */
+static void row_in_output(cctx_t *c, kernel_t *k, uint32_t i)
+{
+	const kmember_t *m = &k->members[i];
+	uint32_t bi = c->nodes[m->node].buf;
+	cbuf_t *b = &c->bufs[bi];
+	if (m->role != ROLE_FULL || !b->row_local || b->row_out != 0 ||
+	    (b->dtype != KILN_DT_F32 && b->dtype != KILN_DT_F64))
+		return;
+	int32_t last = k->n_passes - 1;
+	for (uint32_t j = 0; j < k->n_members; j++) {
+		const kmember_t *o = &k->members[j];
+		uint32_t oi = c->nodes[o->node].buf;
+		const cbuf_t *ob = &c->bufs[oi];
+		if (o->role != ROLE_FULL || o->pass != last ||
+		    o->pass <= m->pass || !ob->is_output ||
+		    ob->dtype != b->dtype || o->sidx == NULL)
+			continue;
+		bool taken = false;
+		for (uint32_t x = 0; x < c->n_bufs; x++)
+			taken |= c->bufs[x].row_out == oi + 1;
+		if (taken)
+			continue;
+		/* row-major in the reduced dims, from the last one up */
+		bool ok = true;
+		int64_t stride = 1;
+		for (uint32_t d = k->frank; d-- > 0 && ok;) {
+			if (!(k->rmask >> d & 1))
+				continue;
+			int64_t coef;
+			/* a dim of size 1: its var is 0 (its coefficient,
+			 * often dropped, does not matter) */
+			ok = k->fsizes[d].c == 1 ||
+			     (ix_coef(o->sidx, d, &coef) && coef == stride);
+			stride *= k->fsizes[d].c;
+		}
+		for (uint32_t x = j + 1; x < k->n_members && ok; x++)
+			ok = k->members[x].pass != last ||
+			     !member_reads(&k->members[x], bi);
+		if (!ok)
+			continue;
+		b->row_out = oi + 1;
+		return;
+	}
+}
+
 static void mark_row_local(cctx_t *c)
 {
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
@@ -419,6 +482,8 @@ static void mark_row_local(cctx_t *c)
 			b->row_local = true;
 			b->in_memory = false;
 		}
+		for (uint32_t i = 0; i < k->n_members; i++)
+			row_in_output(c, k, i);
 	}
 }
 
@@ -866,6 +931,11 @@ char *sched_report(cctx_t *c)
 			cbuf_t *b = &c->bufs[n->buf];
 			const char *op =
 			    n->node >= 0 ? c->g->nodes[n->node].op : "output";
+			char rl[48] = " (row scratch)";
+			if (b->row_out != 0)
+				snprintf(rl, sizeof(rl),
+					 " (row scratch in buf%u's row)",
+					 b->row_out - 1);
 			sb_printf(&s,
 				  "    %-6s %-6s pass %d  buf%u %s%s  <- node "
 				  "%d %s\n",
@@ -874,7 +944,7 @@ char *sched_report(cctx_t *c)
 				  m->pass, n->buf, kiln_dtype_name(b->dtype),
 				  b->is_output	 ? " (output)"
 				  : b->in_memory ? " (stored)"
-				  : b->row_local ? " (row scratch)"
+				  : b->row_local ? rl
 						 : " (register)",
 				  n->node, op);
 		}

@@ -250,24 +250,36 @@ int main(int argc, char **argv)
 			json = true;
 		} else if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc) {
 			n_mb = 0;
-			char *p = argv[++i];
-			while (*p && n_mb < 8) {
-				mbs[n_mb] = atoi(p);
-				if (mbs[n_mb] < 1 || mbs[n_mb] > 4096) {
+			const char *p = argv[++i];
+			for (;;) {
+				char *end = NULL;
+				long v = strtol(p, &end, 10);
+				if (end == p || (*end != ',' && *end != '\0') ||
+				    v < 1 || v > 4096 || n_mb == 8) {
 					fprintf(stderr,
-						"bench_kernels: --mb takes "
-						"sizes of 1 to 4096 MB, "
-						"comma-separated\n");
+						"bench_kernels: --mb takes up "
+						"to 8 sizes of 1 to 4096 MB, "
+						"comma-separated (got '%s')\n",
+						argv[i]);
 					return 2;
 				}
-				n_mb++;
-				p = strchr(p, ',');
-				if (!p)
+				mbs[n_mb++] = (int)v;
+				if (*end == '\0')
 					break;
-				p++;
+				p = end + 1;
 			}
 		} else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-			threads = (unsigned)atoi(argv[++i]);
+			char *end = NULL;
+			long v = strtol(argv[++i], &end, 10);
+			if (end == argv[i] || *end != '\0' || v < 0 ||
+			    v > 1024) {
+				fprintf(stderr,
+					"bench_kernels: --threads takes 0 (one "
+					"per CPU) to 1024 (got '%s')\n",
+					argv[i]);
+				return 2;
+			}
+			threads = (unsigned)v;
 		} else if (strcmp(argv[i], "--workload") == 0 && i + 1 < argc) {
 			only = argv[++i];
 		} else {

@@ -540,6 +540,111 @@ Test(fusion, softmax_is_one_kernel)
 	kiln_compiler_free(kc);
 }
 
+/* softmax's exp(x - max), read by the last pass only, is kept in the
+ * output's row instead of a stack scratch (sched.c row_in_output), and the
+ * results are the interpreter's, over row lengths that leave partial
+ * vectors and a scalar rest. */
+Test(fusion, softmax_exp_lives_in_its_output_row)
+{
+	kiln_compiler_t *kc = new_compiler();
+	const int64_t cols[] = {1000, 1024, 37, 3};
+	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
+		gb_t b;
+		softmax_graph(&b, 6, cols[i], -1);
+		kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
+		char *rep;
+		uint32_t n = n_kernels(kc, g, &rep);
+		cr_expect_eq(n, 1, "softmax: %u kernels:\n%s", n, rep);
+		cr_expect(strstr(rep, "(row scratch in buf") != NULL, "%s",
+			  rep);
+		free(rep);
+		char what[64];
+		snprintf(what, sizeof(what), "softmax [6, %lld]",
+			 (long long)cols[i]);
+		expect_matches_interp(kc, g, "default", (uint64_t)cols[i], 1e-5,
+				      what);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* e = exp(x - amax(x)), s = sum(e); outputs e / s and e + s, both written
+ * in the last pass and both reading e: e lives in one output's row (the
+ * one written last: no member after it reads e), not in both, and both
+ * outputs are the interpreter's. */
+Test(fusion, two_outputs_reading_one_row_scratch)
+{
+	kiln_compiler_t *kc = new_compiler();
+	const int64_t cols[] = {1000, 37};
+	for (size_t t = 0; t < sizeof(cols) / sizeof(cols[0]); t++) {
+		int64_t C = cols[t];
+		gb_t b;
+		gb_init(&b);
+		graph_head(&b, 1);
+		spec2(&b, "f32", 5, C);
+		s(&b, "nodes");
+		msgpack_pack_array(&b.pk, 6);
+		for (int red = 0; red < 2; red++) {
+			node_head(&b,
+				  red ? "aten.sum.dim_IntList"
+				      : "aten.amax.default",
+				  3);
+			ref(&b, red ? 3 : 0);
+			msgpack_pack_array(&b.pk, 1);
+			msgpack_pack_int64(&b.pk, 1);
+			msgpack_pack_true(&b.pk);
+			s(&b, "out");
+			msgpack_pack_array(&b.pk, 1);
+			spec2(&b, "f32", 5, 1);
+			if (red)
+				break;
+			node_head(&b, "aten.sub.Tensor", 2);
+			ref(&b, 0);
+			ref(&b, 1);
+			s(&b, "out");
+			msgpack_pack_array(&b.pk, 1);
+			spec2(&b, "f32", 5, C);
+			node_head(&b, "aten.exp.default", 1);
+			ref(&b, 2);
+			s(&b, "out");
+			msgpack_pack_array(&b.pk, 1);
+			spec2(&b, "f32", 5, C);
+		}
+		const char *ops[] = {"aten.div.Tensor", "aten.add.Tensor"};
+		for (int i = 0; i < 2; i++) {
+			node_head(&b, ops[i], 2);
+			ref(&b, 3);
+			ref(&b, 4);
+			s(&b, "out");
+			msgpack_pack_array(&b.pk, 1);
+			spec2(&b, "f32", 5, C);
+		}
+		s(&b, "outputs");
+		msgpack_pack_array(&b.pk, 2);
+		ref(&b, 5);
+		ref(&b, 6);
+		kiln_graph_t *g = graph_from_json_like("e/s and e+s", &b.sb);
+		char *rep;
+		uint32_t n = n_kernels(kc, g, &rep);
+		cr_expect_eq(n, 1, "%u kernels:\n%s", n, rep);
+		const char *at = strstr(rep, "(row scratch in buf");
+		cr_expect(at != NULL, "%s", rep);
+		if (at != NULL)
+			cr_expect(strstr(at + 1, "(row scratch") == NULL, "%s",
+				  rep);
+		free(rep);
+		char what[64];
+		snprintf(what, sizeof(what), "e/s and e+s [5, %lld]",
+			 (long long)C);
+		expect_matches_interp(kc, g, "default", (uint64_t)C, 1e-5,
+				      what);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* softmax over dim 0 of [9, C]: a row kernel vectorized across the columns
  * (outer-vectorized), whose last block of C % 16 columns runs 8, then 4
  * columns at once where that many are left, the rest one at a time (on
@@ -751,18 +856,23 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 		}
 		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
 	}
-	void *ob[1] = {NULL};
-	kiln_io_t out[1];
+	/* every output (up to 4) */
+	uint32_t nout = g->n_outputs;
+	cr_assert(nout >= 1 && nout <= 4, "%s: %u outputs", what, nout);
+	void *ob[4] = {NULL, NULL, NULL, NULL};
+	kiln_io_t out[4];
 	rc = kiln_module_run(m, args, nin, ob, out, NULL, err, sizeof(err));
 	cr_assert_eq(rc, 0, "%s: %s", what, err);
-	kiln_tensor_t want[1];
+	kiln_tensor_t want[4];
 	rc = kiln_interp_run(g, in, want, err, sizeof(err));
 	cr_assert_eq(rc, 0, "%s: interp: %s", what, err);
-	kiln_td_cmp_t cr;
-	cr_expect(kiln_td_compare(&out[0].t, &want[0], tol, tol, &cr), "%s: %s",
-		  what, cr.msg);
-	free(want[0].data);
-	free(ob[0]);
+	for (uint32_t o = 0; o < nout; o++) {
+		kiln_td_cmp_t cr;
+		cr_expect(kiln_td_compare(&out[o].t, &want[o], tol, tol, &cr),
+			  "%s: output %u: %s", what, o, cr.msg);
+		free(want[o].data);
+		free(ob[o]);
+	}
 	for (uint32_t t = 0; t < nin; t++)
 		kiln_td_tensor_free(&in[t]);
 	free(in);

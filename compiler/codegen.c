@@ -1777,6 +1777,15 @@ static bool kernel_has_transcendental(gen_t *g)
 	return false;
 }
 
+/* Whether a row scratch of the kernel lives in an output's row. */
+static bool kernel_has_row_out(gen_t *g)
+{
+	for (uint32_t i = 0; i < g->k->n_members; i++)
+		if (g->c->bufs[mnode(g, i)->buf].row_out != 0)
+			return true;
+	return false;
+}
+
 /* Accumulators per reduction in pass p's vector loop (RED_UNROLL_HEAVY
  * above). */
 static int pass_unroll(gen_t *g, int32_t p)
@@ -1810,9 +1819,12 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
 		int lw = inner_vec ? g->c->vec_width : uw;
 		g->red_unroll = pass_unroll(g, p);
 		/* the first pass brings the row in: it prefetches the next
-		 * where the row's compute is long enough to hide it */
+		 * where the row's compute is long enough to hide it, unless
+		 * a scratch lives in the output's row (softmax since
+		 * row_in_output: the prefetch then cost 15-20% at 64 MB) */
 		g->pf_on = p == 0 && inner_vec && g->pf_var >= 0 &&
-			   kernel_has_transcendental(g);
+			   kernel_has_transcendental(g) &&
+			   !kernel_has_row_out(g);
 		for (uint32_t i = 0; i < k->n_members; i++) {
 			const kmember_t *m = &k->members[i];
 			if (m->pass == p && m->role == ROLE_RED) {

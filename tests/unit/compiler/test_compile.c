@@ -441,15 +441,16 @@ Test(codegen, repeated_layers_share_bodies, .timeout = 300)
 	}
 }
 
-/* softmax over dim of an f32 [r, c] input: the graph of several tests. */
-static void softmax_graph(gb_t *b, int64_t r, int64_t c, int64_t dim)
+/* op (_softmax or _log_softmax) over dim of an f32 [r, c] input. */
+static void row_op_dim_graph(gb_t *b, const char *op, int64_t r, int64_t c,
+			     int64_t dim)
 {
 	gb_init(b);
 	graph_head(b, 1);
 	spec2(b, "f32", r, c);
 	s(b, "nodes");
 	msgpack_pack_array(&b->pk, 1);
-	node_head(b, "aten._softmax.default", 3);
+	node_head(b, op, 3);
 	ref(b, 0);
 	msgpack_pack_int64(&b->pk, dim);
 	msgpack_pack_false(&b->pk);
@@ -459,6 +460,18 @@ static void softmax_graph(gb_t *b, int64_t r, int64_t c, int64_t dim)
 	s(b, "outputs");
 	msgpack_pack_array(&b->pk, 1);
 	ref(b, 1);
+}
+
+/* softmax over dim of an f32 [r, c] input: the graph of several tests. */
+static void softmax_graph(gb_t *b, int64_t r, int64_t c, int64_t dim)
+{
+	row_op_dim_graph(b, "aten._softmax.default", r, c, dim);
+}
+
+/* op over the last dim of an f32 [r, c] input. */
+static void row_op_graph(gb_t *b, const char *op, int64_t r, int64_t c)
+{
+	row_op_dim_graph(b, op, r, c, 1);
 }
 
 /* layer_norm(layer_norm(x) @ w) over rows of 64, with the same eps and
@@ -2165,9 +2178,12 @@ Test(codegen, long_rows_prefetch_the_next)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
+	row_op_graph(&b, "aten._log_softmax.default", 8, 1024);
+	cr_expect(raw_ir_has(kc, &b, "log_softmax", "llvm.prefetch"));
+	row_op_graph(&b, "aten._log_softmax.default", 8, 64);
+	cr_expect(!raw_ir_has(kc, &b, "log_softmax", "llvm.prefetch"));
+	/* softmax keeps exp(x - max) in its output's row: no prefetch */
 	softmax_graph(&b, 8, 1024, 1);
-	cr_expect(raw_ir_has(kc, &b, "softmax", "llvm.prefetch"));
-	softmax_graph(&b, 8, 64, 1);
 	cr_expect(!raw_ir_has(kc, &b, "softmax", "llvm.prefetch"));
 	/* layer_norm over rows of 1024 (rsqrt is no transcendental here) */
 	gb_init(&b);

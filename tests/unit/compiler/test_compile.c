@@ -553,6 +553,24 @@ Test(fusion, softmax_is_one_kernel)
 	kiln_compiler_free(kc);
 }
 
+/* g is one row kernel whose one row scratch lives in an output's row, and
+ * every output is the interpreter's; g is freed. */
+static void expect_one_row_out(kiln_compiler_t *kc, kiln_graph_t *g,
+			       const char *what, uint64_t seed)
+{
+	char *rep;
+	uint32_t n = n_kernels(kc, g, &rep);
+	cr_expect_eq(n, 1, "%s: %u kernels:\n%s", what, n, rep);
+	const char *at = strstr(rep, "(row scratch in buf");
+	cr_expect(at != NULL, "%s: %s", what, rep);
+	if (at != NULL)
+		cr_expect(strstr(at + 1, "(row scratch") == NULL, "%s: %s",
+			  what, rep);
+	free(rep);
+	expect_matches_interp(kc, g, "default", seed, 1e-5, what);
+	kiln_graph_free(g);
+}
+
 /* softmax's exp(x - max), read by the last pass only, is kept in the
  * output's row instead of a stack scratch (sched.c row_in_output), and the
  * results are the interpreter's, over row lengths that leave partial
@@ -564,19 +582,11 @@ Test(fusion, softmax_exp_lives_in_its_output_row)
 	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
 		gb_t b;
 		softmax_graph(&b, 6, cols[i], -1);
-		kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
-		char *rep;
-		uint32_t n = n_kernels(kc, g, &rep);
-		cr_expect_eq(n, 1, "softmax: %u kernels:\n%s", n, rep);
-		cr_expect(strstr(rep, "(row scratch in buf") != NULL, "%s",
-			  rep);
-		free(rep);
 		char what[64];
 		snprintf(what, sizeof(what), "softmax [6, %lld]",
 			 (long long)cols[i]);
-		expect_matches_interp(kc, g, "default", (uint64_t)cols[i], 1e-5,
-				      what);
-		kiln_graph_free(g);
+		expect_one_row_out(kc, graph_from_json_like(what, &b.sb), what,
+				   (uint64_t)cols[i]);
 		msgpack_sbuffer_destroy(&b.sb);
 	}
 	kiln_compiler_free(kc);
@@ -637,22 +647,11 @@ Test(fusion, two_outputs_reading_one_row_scratch)
 		msgpack_pack_array(&b.pk, 2);
 		ref(&b, 5);
 		ref(&b, 6);
-		kiln_graph_t *g = graph_from_json_like("e/s and e+s", &b.sb);
-		char *rep;
-		uint32_t n = n_kernels(kc, g, &rep);
-		cr_expect_eq(n, 1, "%u kernels:\n%s", n, rep);
-		const char *at = strstr(rep, "(row scratch in buf");
-		cr_expect(at != NULL, "%s", rep);
-		if (at != NULL)
-			cr_expect(strstr(at + 1, "(row scratch") == NULL, "%s",
-				  rep);
-		free(rep);
 		char what[64];
 		snprintf(what, sizeof(what), "e/s and e+s [5, %lld]",
 			 (long long)C);
-		expect_matches_interp(kc, g, "default", (uint64_t)C, 1e-5,
-				      what);
-		kiln_graph_free(g);
+		expect_one_row_out(kc, graph_from_json_like(what, &b.sb), what,
+				   (uint64_t)C);
 		msgpack_sbuffer_destroy(&b.sb);
 	}
 	kiln_compiler_free(kc);

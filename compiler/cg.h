@@ -67,6 +67,11 @@ typedef struct gen {
 	bool use_libmvec;
 } gen_t;
 
+/* the largest constant stride along the vector variable that a load
+ * reads with vector loads and a shuffle instead of a gather (codegen.c
+ * load_strided) */
+#define CG_MAX_STRIDE 4
+
 LLVMTypeRef cg_scalar_type(gen_t *g, kiln_dtype_t dt);
 LLVMTypeRef cg_type(gen_t *g, kiln_dtype_t dt, int w);
 LLVMValueRef cg_splat(gen_t *g, LLVMValueRef s, int w);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #ifndef KILN_TEST_DATA_DIR
@@ -833,9 +834,34 @@ Test(blas, kernels_load_openblas_with_the_cpus_core)
  * from the stream seed + t; every input a tensor of its declared dtype and
  * static shape) and expects its one output to match the interpreter's
  * within rtol = atol = tol; what names the case when it does not. */
-static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
-				  const char *mode, uint64_t seed, double tol,
-				  const char *what)
+/* Where match_interp puts input 0: in a calloc'd block (GUARD_NONE), or
+ * in mapped pages right against an inaccessible page after its last byte
+ * (GUARD_END) or before its first (GUARD_START), so that a kernel that
+ * reads outside the tensor faults instead of reading the heap. */
+enum { GUARD_NONE, GUARD_END, GUARD_START };
+
+typedef struct guarded {
+	void *map;
+	size_t len;
+} guarded_t;
+
+static void *guarded_alloc(guarded_t *gd, size_t bytes, int where)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	size_t body = (bytes + pg - 1) / pg * pg;
+	gd->len = body + 2 * pg;
+	gd->map = mmap(NULL, gd->len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert(gd->map != MAP_FAILED);
+	char *lo = gd->map;
+	cr_assert_eq(mprotect(lo, pg, PROT_NONE), 0);
+	cr_assert_eq(mprotect(lo + pg + body, pg, PROT_NONE), 0);
+	return where == GUARD_END ? lo + pg + body - bytes : lo + pg;
+}
+
+static void match_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
+			 const char *mode, uint64_t seed, double tol,
+			 const char *what, int guard)
 {
 	char err[512];
 	kiln_compile_opts_t opts;
@@ -848,6 +874,7 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 	rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
 	cr_assert_eq(rc, 0, "%s: %s", what, err);
 	uint32_t nin = g->n_inputs;
+	guarded_t gd = {NULL, 0};
 	kiln_tensor_t *in = calloc(nin + 1, sizeof(*in));
 	kiln_io_t *args = calloc(nin + 1, sizeof(*args));
 	cr_assert(in != NULL && args != NULL);
@@ -858,6 +885,12 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 			cnt *= sz[k] = v->sizes[k].c;
 		cr_assert_eq(
 		    kiln_td_tensor_alloc(&in[t], v->dtype, v->rank, sz), 0);
+		if (t == 0 && guard != GUARD_NONE) {
+			free(in[0].data);
+			in[0].data = guarded_alloc(
+			    &gd, (size_t)cnt * kiln_dtype_size(v->dtype),
+			    guard);
+		}
 		for (int64_t i = 0; i < cnt; i++) {
 			double x =
 			    kiln_td_prng_uniform(seed + t, (uint64_t)i, -1, 1);
@@ -885,11 +918,22 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 		free(want[o].data);
 		free(ob[o]);
 	}
+	if (gd.map != NULL) {
+		munmap(gd.map, gd.len);
+		in[0].data = NULL;
+	}
 	for (uint32_t t = 0; t < nin; t++)
 		kiln_td_tensor_free(&in[t]);
 	free(in);
 	free(args);
 	kiln_module_free(m);
+}
+
+static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
+				  const char *mode, uint64_t seed, double tol,
+				  const char *what)
+{
+	match_interp(kc, g, mode, seed, tol, what, GUARD_NONE);
 }
 
 /* A product through the GEMM template (codegen.c cg_gemm_tmpl: f32, at
@@ -2171,6 +2215,166 @@ static bool raw_ir_has(kiln_compiler_t *kc, gb_t *b, const char *what,
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b->sb);
 	return has;
+}
+
+/* y = -x[:, ::step] over x [R, C] of dtype dt: a load whose index moves by
+ * step along the vectorized dim */
+static void slice_step_graph(gb_t *b, const char *dt, int64_t R, int64_t C,
+			     int64_t step)
+{
+	int64_t n = (C + step - 1) / step;
+	gb_init(b);
+	graph_head(b, 1);
+	spec2(b, dt, R, C);
+	s(b, "nodes");
+	msgpack_pack_array(&b->pk, 2);
+	node_head(b, "aten.slice.Tensor", 5);
+	ref(b, 0);
+	msgpack_pack_int64(&b->pk, 1);
+	msgpack_pack_int64(&b->pk, 0);
+	msgpack_pack_int64(&b->pk, C);
+	msgpack_pack_int64(&b->pk, step);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	spec2(b, dt, R, n);
+	node_head(b, "aten.neg.default", 1);
+	ref(b, 1);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	spec2(b, dt, R, n);
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, 2);
+}
+
+/* max_pool2d (k x k, stride st, padding 1) of x + bias, x [N, C, H, W],
+ * bias [C, 1, 1]: the window's loads of x move by st along the vectorized
+ * dim under the padding's mask, and its loads of the bias are the same in
+ * every lane under that mask */
+static void bias_pool_graph(gb_t *b, int64_t N, int64_t C, int64_t H, int64_t W,
+			    int64_t k, int64_t st)
+{
+	const int64_t xd[4] = {N, C, H, W}, bd[3] = {C, 1, 1};
+	const int64_t od[4] = {N, C, (H + 2 - k) / st + 1,
+			       (W + 2 - k) / st + 1};
+	gb_init(b);
+	graph_head(b, 2);
+	specn(b, "f32", xd, 4);
+	specn(b, "f32", bd, 3);
+	s(b, "nodes");
+	msgpack_pack_array(&b->pk, 2);
+	node_head(b, "aten.add.Tensor", 2);
+	ref(b, 0);
+	ref(b, 1);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	specn(b, "f32", xd, 4);
+	node_head(b, "aten.max_pool2d_with_indices.default", 4);
+	ref(b, 2);
+	for (int a = 0; a < 3; a++) {
+		int64_t v = a == 0 ? k : a == 1 ? st : 1;
+		msgpack_pack_array(&b->pk, 2);
+		msgpack_pack_int64(&b->pk, v);
+		msgpack_pack_int64(&b->pk, v);
+	}
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 2);
+	specn(b, "f32", od, 4);
+	specn(b, "i64", od, 4);
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, 3);
+}
+
+/* Loads with a constant stride of 2-4 along the vectorized dim are vector
+ * loads and a shuffle, and lane-uniform loads under a mask one load and a
+ * blend (codegen.c load_strided, load_uniform_masked), not gathers: no
+ * llvm.masked.gather in the IR, the interpreter's results, and no read
+ * outside the input, which lies against an inaccessible page after its
+ * end and then before its start (a row whose last lane is the tensor's
+ * last element; a padded window that begins before the tensor). */
+static void strided_loads_check(kiln_compiler_t *kc)
+{
+	const char *dts[2] = {"f32", "f64"};
+	for (int d = 0; d < 2; d++) {
+		for (int64_t step = 2; step <= 4; step++) {
+			/* C: the last lane of the last row is x's last
+			 * element (32 lanes), then a width with a tail */
+			const int64_t Cs[2] = {step * 31 + 1, step * 37 + 2};
+			for (int c = 0; c < 2; c++) {
+				char what[96];
+				snprintf(what, sizeof(what),
+					 "-x[:, ::%lld] %s [5, %lld]",
+					 (long long)step, dts[d],
+					 (long long)Cs[c]);
+				gb_t b;
+				slice_step_graph(&b, dts[d], 5, Cs[c], step);
+				cr_expect(!raw_ir_has(kc, &b, "slice",
+						      "masked.gather"),
+					  "%s: a gather", what);
+				slice_step_graph(&b, dts[d], 5, Cs[c], step);
+				kiln_graph_t *g =
+				    graph_from_json_like("slice", &b.sb);
+				for (int gu = GUARD_NONE; gu <= GUARD_START;
+				     gu++)
+					match_interp(kc, g, "default",
+						     (uint64_t)(step + c), 0,
+						     what, gu);
+				kiln_graph_free(g);
+				msgpack_sbuffer_destroy(&b.sb);
+			}
+		}
+	}
+	/* 3x3 windows at strides 2 and 3, 2x2 at stride 4 (over rows of
+	 * 33, 64 and 65), padding 1 */
+	const int64_t pools[4][3] = {
+	    {3, 2, 33}, {3, 3, 64}, {2, 4, 65}, {3, 2, 64}};
+	for (int i = 0; i < 4; i++) {
+		int64_t k = pools[i][0], st = pools[i][1], hw = pools[i][2];
+		char what[96];
+		snprintf(what, sizeof(what),
+			 "max_pool2d %lldx%lld stride %lld of x + bias, "
+			 "[2, 3, %lld, %lld]",
+			 (long long)k, (long long)k, (long long)st,
+			 (long long)hw, (long long)hw);
+		gb_t b;
+		bias_pool_graph(&b, 2, 3, hw, hw, k, st);
+		cr_expect(!raw_ir_has(kc, &b, "pool", "masked.gather"),
+			  "%s: a gather", what);
+		bias_pool_graph(&b, 2, 3, hw, hw, k, st);
+		kiln_graph_t *g = graph_from_json_like("pool", &b.sb);
+		for (int gu = GUARD_NONE; gu <= GUARD_START; gu++)
+			match_interp(kc, g, "default", (uint64_t)(11 + i), 0,
+				     what, gu);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+}
+
+Test(codegen, strided_and_uniform_masked_loads_are_not_gathers)
+{
+	kiln_compiler_t *kc = new_compiler();
+	strided_loads_check(kc);
+	kiln_compiler_free(kc);
+	/* and on 8 lanes, as an AVX2 CPU compiles them (vmaskmovps
+	 * instead of AVX-512's masked moves) */
+	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+		return;
+	kiln_target_t t;
+	memset(&t, 0, sizeof(t));
+	strcpy(t.backend, "cpu");
+	strcpy(t.arch, "x86-64");
+	strcpy(t.features, "+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,"
+			   "+avx,+avx2,+fma,+f16c,+cx16,+fxsr");
+	char err[512];
+	cr_assert_eq(kiln_compiler_new(&t, &kc, err, sizeof(err)), 0, "%s",
+		     err);
+	gb_t b;
+	slice_step_graph(&b, "f32", 5, 63, 2);
+	cr_expect(raw_ir_has(kc, &b, "slice", "<8 x float>"),
+		  "the AVX2 compiler's kernels are not 8 lanes wide");
+	strided_loads_check(kc);
+	kiln_compiler_free(kc);
 }
 
 Test(codegen, long_rows_prefetch_the_next)

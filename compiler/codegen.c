@@ -3435,12 +3435,14 @@ static int64_t conv_tiles(const convspec_t *cs)
  * col[ckk, r·OW + ow] for ckk = (c, kh, kw), go to a stack scratch of
  * [C·KH·KW, rows·OW] elements (at most CONV_TILE_BYTES: ops_conv.c only
  * takes this template when one output row's columns fit): per (ckk,
- * output row), at stride 1 over a unit-stride row, whole vectors of masked
- * loads (0 where the tap falls in the padding; the vector past the row's
- * end lands on the next row's start, written after it, or on the
- * scratch's one vector of slack); otherwise zeros, a strided gather and
- * zeros again; then out[n, :, tile] = W @ col with ldc = OH·OW, by the
- * GEMM template (tgemm, when ops_conv.c chose it) or one ?gemm call. */
+ * output row), over a unit-stride row at a stride of 1 to CG_MAX_STRIDE,
+ * whole vectors of masked loads (load_strided beyond 1: a stride-2 stem
+ * convolution's tiles had been one element at a time; 0 where the tap
+ * falls in the padding; the vector past the row's end lands on the next
+ * row's start, written after it, or on the scratch's one vector of
+ * slack); otherwise zeros, a strided loop and zeros again; then out[n, :, tile]
+ * = W @ col with ldc = OH·OW, by the GEMM template (tgemm, when ops_conv.c
+ * chose it) or one ?gemm call. */
 static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 {
 	cctx_t *c = g->c;
@@ -3466,7 +3468,12 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMValueRef xoff = emit_ix(g, ix_dim(c, xt->offset));
 	LLVMValueRef woff = emit_ix(g, ix_dim(c, wt->offset));
 	LLVMValueRef lda = emit_ix(g, ix_dim(c, wt->strides[0]));
+	/* unit_w: a row of taps is a unit-stride row of x; else, with x's
+	 * rows contiguous and a stride of 2-4, every s-th element of one
+	 * (load_strided) */
 	bool unit_w = dim_is(xt->strides[3], 1) && cs->s[1] == 1;
+	bool vec_w = unit_w || (dim_is(xt->strides[3], 1) && vw > 1 &&
+				cs->s[1] <= CG_MAX_STRIDE);
 	LLVMValueRef xp = buf_ptr(g, xt->buf), wp = buf_ptr(g, wt->buf),
 		     op = buf_ptr(g, n->buf);
 	/* the product: the GEMM template (ops_conv.c chose it) or BLAS */
@@ -3547,7 +3554,7 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	int64_t owv = (cs->OW + vw - 1) / vw * vw;
 	LLVMTypeRef vt = LLVMVectorType(et, (unsigned)vw);
 	LLVMPositionBuilderAtEnd(g->b, bpad);
-	if (unit_w) {
+	if (vec_w) {
 		loop_t Z;
 		loop_begin(g, &Z, K64(g, 0), K64(g, owv), vw);
 		LLVMValueRef st =
@@ -3563,9 +3570,9 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMPositionBuilderAtEnd(g->b, bin);
 	LLVMValueRef xrow =
 	    LLVMBuildAdd(g->b, xc, LLVMBuildMul(g->b, ih, xs[2], ""), "");
-	if (unit_w) {
-		/* iw = ow + iwo: lanes in [lo, hi) load x[.., ow + iwo], the
-		 * others are 0 (masked lanes are not read) */
+	if (vec_w) {
+		/* iw = ow·sw + iwo: lanes in [lo, hi) load x[.., ow·sw + iwo],
+		 * the others are 0 (masked lanes are not read) */
 		LLVMValueRef lanes[16];
 		for (int l = 0; l < vw; l++)
 			lanes[l] = LLVMConstInt(g->i64, (uint64_t)l, 0);
@@ -3580,13 +3587,21 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		LLVMValueRef mask = LLVMBuildAnd(
 		    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, idx, lov, ""),
 		    LLVMBuildICmp(g->b, LLVMIntSLT, idx, hiv, ""), "");
-		LLVMValueRef si = LLVMBuildAdd(g->b, sbase, V.i, "");
+		LLVMValueRef si = LLVMBuildAdd(
+		    g->b, sbase, LLVMBuildMul(g->b, V.i, K64(g, cs->s[1]), ""),
+		    "");
 		LLVMValueRef src = LLVMBuildGEP2(g->b, et, xp, &si, 1, "");
-		LLVMTypeRef over[2] = {vt, g->ptr};
-		LLVMValueRef margs[4] = {src, LLVMConstInt(g->i32, esz, 0),
-					 mask, LLVMConstNull(vt)};
-		LLVMValueRef v =
-		    cg_intr(g, "llvm.masked.load", over, 2, margs, 4);
+		LLVMValueRef v;
+		if (unit_w) {
+			LLVMTypeRef over[2] = {vt, g->ptr};
+			LLVMValueRef margs[4] = {src,
+						 LLVMConstInt(g->i32, esz, 0),
+						 mask, LLVMConstNull(vt)};
+			v = cg_intr(g, "llvm.masked.load", over, 2, margs, 4);
+		} else {
+			v = load_strided(g, src, cs->s[1], mask,
+					 f64 ? KILN_DT_F64 : KILN_DT_F32, vw);
+		}
 		LLVMValueRef st = LLVMBuildStore(
 		    g->b, v, LLVMBuildGEP2(g->b, et, dst, &V.i, 1, ""));
 		LLVMSetAlignment(st, esz);

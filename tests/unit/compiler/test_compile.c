@@ -2286,6 +2286,41 @@ static void bias_pool_graph(gb_t *b, int64_t N, int64_t C, int64_t H, int64_t W,
 	ref(b, 3);
 }
 
+/* A convolution of x [N, C, HW, HW] by w [O, C, k, k] at stride st,
+ * padding p, no bias */
+static void strided_conv_graph(gb_t *b, const int64_t *cv)
+{
+	int64_t N = cv[0], C = cv[1], O = cv[2], HW = cv[3], k = cv[4],
+		st = cv[5], p = cv[6];
+	int64_t oh = (HW + 2 * p - k) / st + 1;
+	const int64_t xd[4] = {N, C, HW, HW}, wd[4] = {O, C, k, k},
+		      yd[4] = {N, O, oh, oh};
+	const int64_t sv[2] = {st, st}, pv[2] = {p, p}, one[2] = {1, 1},
+		      zero[2] = {0, 0};
+	gb_init(b);
+	graph_head(b, 2);
+	specn(b, "f32", xd, 4);
+	specn(b, "f32", wd, 4);
+	s(b, "nodes");
+	msgpack_pack_array(&b->pk, 1);
+	node_head(b, "aten.convolution.default", 9);
+	ref(b, 0);
+	ref(b, 1);
+	msgpack_pack_nil(&b->pk);
+	ints2(b, sv);
+	ints2(b, pv);
+	ints2(b, one);
+	msgpack_pack_false(&b->pk);
+	ints2(b, zero);
+	msgpack_pack_int64(&b->pk, 1);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 1);
+	specn(b, "f32", yd, 4);
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, 1);
+	ref(b, 2);
+}
+
 /* Loads with a constant stride of 2-4 along the vectorized dim are vector
  * loads and a shuffle, and lane-uniform loads under a mask one load and a
  * blend (codegen.c load_strided, load_uniform_masked), not gathers: no
@@ -2345,6 +2380,41 @@ static void strided_loads_check(kiln_compiler_t *kc)
 		kiln_graph_t *g = graph_from_json_like("pool", &b.sb);
 		for (int gu = GUARD_NONE; gu <= GUARD_START; gu++)
 			match_interp(kc, g, "default", (uint64_t)(11 + i), 0,
+				     what, gu);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	/* convolutions whose tiles of im2col (gen_conv_body) read every
+	 * st-th element of x's rows: a 7x7/2 stem, 3x3/3 and 5x5/4, padded
+	 * (where an AVX-512 CPU takes that path: the pick mask of
+	 * load_strided is in the IR) */
+	const int64_t convs[3][7] = {{4, 3, 16, 64, 7, 2, 3},
+				     {8, 3, 16, 40, 3, 3, 1},
+				     {8, 3, 16, 48, 5, 4, 2}};
+	for (int i = 0; i < 3; i++) {
+		const int64_t *cv = convs[i];
+		char what[96], pick[48];
+		snprintf(what, sizeof(what),
+			 "conv %lldx%lld stride %lld of [%lld, 3, %lld, %lld]",
+			 (long long)cv[4], (long long)cv[4], (long long)cv[5],
+			 (long long)cv[0], (long long)cv[3], (long long)cv[3]);
+		snprintf(pick, sizeof(pick), "<i32 0, i32 %lld, i32 %lld,",
+			 (long long)cv[5], (long long)(2 * cv[5]));
+		gb_t b;
+		strided_conv_graph(&b, cv);
+		kiln_graph_t *g = graph_from_json_like("conv", &b.sb);
+		char *k = emit_text(kc, g, KILN_EMIT_KERNELS, NULL);
+		bool tiles = strstr(k, "im2col tiles") != NULL;
+		free(k);
+		if (tiles) {
+			char *ir = emit_text(kc, g, KILN_EMIT_LLVM_RAW, NULL);
+			cr_expect(strstr(ir, pick) != NULL,
+				  "%s: no strided loads in its im2col tiles",
+				  what);
+			free(ir);
+		}
+		for (int gu = GUARD_NONE; gu <= GUARD_START; gu++)
+			match_interp(kc, g, "default", (uint64_t)(21 + i), 1e-4,
 				     what, gu);
 		kiln_graph_free(g);
 		msgpack_sbuffer_destroy(&b.sb);

@@ -525,9 +525,10 @@ static LLVMValueRef load_uniform_masked(gen_t *g, LLVMValueRef p,
 	return LLVMBuildSelect(g->b, mask, v, LLVMConstNull(LLVMTypeOf(v)), "");
 }
 
-/* Lanes i = 0 .. w-1 of elements p[s·i] (2 <= s <= CG_MAX_STRIDE, under
+/* Lanes i = 0 .. w-1 of elements p[s·i] (1 <= s <= CG_MAX_STRIDE, under
  * an optional lane mask): s vector loads of the w·s elements from p, then
- * one shuffle that keeps every s-th, instead of a gather. A load reads
+ * one shuffle that keeps every s-th, instead of a gather (at s = 1, one
+ * load). A load reads
  * only memory a lane needs or that lies between two such elements (so
  * inside the tensor): without a mask, the first s - 1 vectors whole and
  * the last up to element s·(w-1); with one, each loaded element is one a
@@ -562,6 +563,8 @@ static LLVMValueRef load_strided(gen_t *g, LLVMValueRef p, int64_t s,
 				    LLVMConstInt(LLVMInt1TypeInContext(g->ctx),
 						 j * w + t <= s * (w - 1), 0);
 			mj = LLVMConstVector(bits, (unsigned)w);
+		} else if (s == 1) {
+			mj = mask;
 		} else {
 			/* element j·w + t: lane (j·w + t)/s's mask where it
 			 * is a multiple of s, else off (lane w of the second
@@ -582,6 +585,8 @@ static LLVMValueRef load_strided(gen_t *g, LLVMValueRef p, int64_t s,
 					LLVMConstNull(vt)};
 		part[j] = cg_intr(g, "llvm.masked.load", over, 2, args, 4);
 	}
+	if (s == 1)
+		return from_storage(g, part[0], dt, w);
 	/* concatenate pairs (the last alone with zeros), then pick */
 	LLVMValueRef a = part[0], b = part[1];
 	if (s > 2) {
@@ -3591,17 +3596,9 @@ static void gen_conv_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		    g->b, sbase, LLVMBuildMul(g->b, V.i, K64(g, cs->s[1]), ""),
 		    "");
 		LLVMValueRef src = LLVMBuildGEP2(g->b, et, xp, &si, 1, "");
-		LLVMValueRef v;
-		if (unit_w) {
-			LLVMTypeRef over[2] = {vt, g->ptr};
-			LLVMValueRef margs[4] = {src,
-						 LLVMConstInt(g->i32, esz, 0),
-						 mask, LLVMConstNull(vt)};
-			v = cg_intr(g, "llvm.masked.load", over, 2, margs, 4);
-		} else {
-			v = load_strided(g, src, cs->s[1], mask,
-					 f64 ? KILN_DT_F64 : KILN_DT_F32, vw);
-		}
+		LLVMValueRef v =
+		    load_strided(g, src, cs->s[1], mask,
+				 f64 ? KILN_DT_F64 : KILN_DT_F32, vw);
 		LLVMValueRef st = LLVMBuildStore(
 		    g->b, v, LLVMBuildGEP2(g->b, et, dst, &V.i, 1, ""));
 		LLVMSetAlignment(st, esz);

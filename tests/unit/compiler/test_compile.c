@@ -830,10 +830,6 @@ Test(blas, kernels_load_openblas_with_the_cpus_core)
 	kiln_compiler_free(kc);
 }
 
-/* Compiles g in mode, runs it on inputs drawn uniform in [-1, 1) (input t
- * from the stream seed + t; every input a tensor of its declared dtype and
- * static shape) and expects its one output to match the interpreter's
- * within rtol = atol = tol; what names the case when it does not. */
 /* Where match_interp puts input 0: in a calloc'd block (GUARD_NONE), or
  * in mapped pages right against an inaccessible page after its last byte
  * (GUARD_END) or before its first (GUARD_START), so that a kernel that
@@ -859,6 +855,11 @@ static void *guarded_alloc(guarded_t *gd, size_t bytes, int where)
 	return where == GUARD_END ? lo + pg + body - bytes : lo + pg;
 }
 
+/* Compiles g in mode, runs it on inputs drawn uniform in [-1, 1) (input t
+ * from the stream seed + t; every input a tensor of its declared dtype and
+ * static shape; input 0 placed as guard says) and expects every output (up
+ * to 4) to match the interpreter's within rtol = atol = tol; what names
+ * the case when it does not. */
 static void match_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 			 const char *mode, uint64_t seed, double tol,
 			 const char *what, int guard)

@@ -222,6 +222,9 @@ typedef struct kernel {
 	/* set by codegen */
 	kiln_dim_t extent;
 	int64_t grain;
+	/* outer-vectorized row kernels: blocks of vec_width columns a unit
+	 * reduces side by side (codegen.c kernel_extent) */
+	int oblk;
 	uint32_t n_args;
 	uint32_t *args;	 /* cbuf ids in bufs[] order */
 	const char *why; /* fusion decision text */
@@ -403,6 +406,9 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
  * rather than BLAS: 0 BLAS, 1 the template on B as it is, 2 the template
  * packing B a panel at a time, 3 the template blocked with A and B packed */
 int cg_gemm_tmpl(cctx_t *c, const cnode_t *n);
+/* codegen.c: blocks of vec_width columns a unit of a row kernel reduces
+ * side by side (1 but where the reduced dims are not the last) */
+int cg_outer_blocks(cctx_t *c, const kernel_t *k);
 /* codegen.c: the heuristic's reason for that choice (kilnc --emit=kernels) */
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);

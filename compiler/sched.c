@@ -921,6 +921,10 @@ char *sched_report(cctx_t *c)
 		if (k->is_row)
 			sb_printf(&s, ", %d pass%s", k->n_passes,
 				  k->n_passes == 1 ? "" : "es");
+		int ob = cg_outer_blocks(c, k);
+		if (ob > 1)
+			sb_printf(&s, ", %d blocks of %d columns a unit", ob,
+				  c->vec_width);
 		if (k->is_epilogue)
 			sb_printf(&s, ", run by %s", c->kernels[ki - 1].name);
 		sb_printf(&s, ", %u member%s\n", k->n_members,

@@ -680,6 +680,81 @@ Test(codegen, outer_vectorized_rows_partial_blocks)
 	kiln_compiler_free(kc);
 }
 
+/* sum, amax, argmax and var (two passes) over dim `d` of an f32 input of
+ * rank 2 ([R, C], d = 0) or 3 ([4, R, C], d = 1): row kernels vectorized
+ * across the columns. */
+static kiln_graph_t *column_reductions_graph(int64_t R, int64_t C, int rank)
+{
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 1);
+	const int64_t in3[3] = {4, R, C}, in2[2] = {R, C};
+	const int64_t o3[2] = {4, C}, o2[1] = {C};
+	int64_t d = rank - 2;
+	specn(&b, "f32", rank == 3 ? in3 : in2, (uint32_t)rank);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 4);
+	const char *ops[4] = {"aten.sum.dim_IntList", "aten.amax.default",
+			      "aten.argmax.default", "aten.var.correction"};
+	for (int i = 0; i < 4; i++) {
+		node_head(&b, ops[i], 2);
+		ref(&b, 0);
+		if (i == 2) {
+			msgpack_pack_int64(&b.pk, d);
+		} else {
+			msgpack_pack_array(&b.pk, 1);
+			msgpack_pack_int64(&b.pk, d);
+		}
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, i == 2 ? "i64" : "f32", rank == 3 ? o3 : o2,
+		      (uint32_t)rank - 1);
+	}
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 4);
+	for (uint32_t i = 1; i <= 4; i++)
+		ref(&b, i);
+	kiln_graph_t *g = graph_from_json_like("column reductions", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
+/* A unit of a reduction over the rows reduces several blocks of columns
+ * side by side (codegen.c cg_outer_blocks; one block a unit walked the
+ * rows a cache line at a time), where the columns make enough units and
+ * at least one whole block (the cases hold at 8 and 16 lanes); the report
+ * says so. The last unit's whole
+ * blocks of W, its partial block and its single columns, the two passes
+ * of var and argmax's index lanes against the interpreter. */
+Test(codegen, outer_blocks_reduce_columns_side_by_side)
+{
+	kiln_compiler_t *kc = new_compiler();
+	const struct {
+		int64_t R, C;
+		int rank;
+		bool blocks;
+	} cs[] = {{40, 1024, 2, true}, {40, 1000, 2, true}, {33, 1100, 2, true},
+		  {40, 200, 2, false}, {17, 200, 3, true},  {17, 37, 3, false}};
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		kiln_graph_t *g =
+		    column_reductions_graph(cs[i].R, cs[i].C, cs[i].rank);
+		char what[80];
+		snprintf(what, sizeof(what),
+			 "column reductions of [%s%lld, %lld]",
+			 cs[i].rank == 3 ? "4, " : "", (long long)cs[i].R,
+			 (long long)cs[i].C);
+		char *rep = NULL;
+		n_kernels(kc, g, &rep);
+		cr_assert(rep != NULL);
+		cr_expect_eq(strstr(rep, "blocks of") != NULL, cs[i].blocks,
+			     "%s:\n%s", what, rep);
+		free(rep);
+		expect_matches_interp(kc, g, "default", 77 + i, 1e-5, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* A product with one block of rows and many columns is split into column
  * blocks (so every thread of the pool gets a share), and the report says
  * so; one with many row blocks is not. Values: the mm op cases (cols_t,

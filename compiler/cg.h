@@ -62,6 +62,10 @@ typedef struct gen {
 	const struct sx *hoist_e[CG_MAX_HOIST];
 	LLVMValueRef hoist_v[CG_MAX_HOIST];
 	int hoist_w[CG_MAX_HOIST];
+	/* per kernel argument: an i1 that is true where this call writes the
+	 * buffer with streaming stores (codegen.c nt_setup), or NULL */
+	LLVMValueRef nt_flag[CG_MAX_ARGS];
+	bool any_nt; /* a streaming store was emitted: sfence at the end */
 	/* zero page for masked scalar loads */
 	LLVMValueRef zero_page;
 	bool use_libmvec;

@@ -755,6 +755,152 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 	return from_storage(g, v, dt, w);
 }
 
+/* ---- streaming stores ----------------------------------------------------
+ *
+ * A kernel that writes a buffer larger than the last-level cache gains
+ * nothing from keeping it there: no reader finds it in cache later, and
+ * each line of a plain store is read from memory first (read for
+ * ownership) and written back when evicted. Streaming (non-temporal)
+ * stores write whole lines to memory without the read. Whether a call
+ * streams a buffer is decided when it runs: its size in bytes (symbols
+ * included) against @kiln_nt_min, a global of the code object that the
+ * runtime sets when it loads the module (clients/libkiln runtime.c
+ * kiln__nt_min: 3/4 of the host's L3, glibc's threshold for memcpy, or
+ * KILN_NT_BYTES). A module nobody set streams nothing. Buffers whose size
+ * is a constant under NT_FLOOR get no such code. Only contiguous vector
+ * stores of 32 bytes or more stream, and each only where its address is
+ * aligned to min(its size, 64) (movntps faults otherwise); masked tails,
+ * scalar stores and the rest stay plain. Streaming stores are weakly
+ * ordered: the kernel ends with an sfence. */
+#define NT_FLOOR (1 << 20)
+
+static LLVMValueRef nt_min_global(gen_t *g)
+{
+	LLVMValueRef gv = LLVMGetNamedGlobal(g->mod, "kiln_nt_min");
+	if (gv == NULL) {
+		gv = LLVMAddGlobal(g->mod, g->i64, "kiln_nt_min");
+		LLVMSetInitializer(gv, LLVMConstInt(g->i64, INT64_MAX, 0));
+		/* one variable in the linked object, whichever module of
+		 * the compile defines it; exported for the runtime's dlsym */
+		LLVMSetLinkage(gv, LLVMWeakAnyLinkage);
+		LLVMSetAlignment(gv, 8);
+	}
+	return gv;
+}
+
+static const cnode_t *mnode(gen_t *g, uint32_t i);
+
+/* Whether buffer buf's rows hold a row scratch of the kernel (sched.c
+ * row_in_output): its lines are in cache, written, when the last pass
+ * stores it, so streaming would save no read (softmax at 64 MB measured
+ * 85-99% of memcpy streamed, median 90, against 89-98%, median 97). */
+static bool holds_row_scratch(gen_t *g, uint32_t buf)
+{
+	for (uint32_t i = 0; i < g->k->n_members; i++)
+		if (g->c->bufs[mnode(g, i)->buf].row_out == buf + 1)
+			return true;
+	return false;
+}
+
+/* At the start of a kernel's body: the nt flag of each buffer it stores
+ * that may be large enough. x86 only (the fence). */
+static void nt_setup(gen_t *g)
+{
+	cctx_t *c = g->c;
+	g->any_nt = false;
+	for (uint32_t i = 0; i < g->n_args; i++)
+		g->nt_flag[i] = NULL;
+	if (strncmp(c->target->arch, "x86", 3) != 0)
+		return;
+	LLVMValueRef min = NULL;
+	for (uint32_t i = 0; i < g->n_args; i++) {
+		const cbuf_t *b = &c->bufs[g->args[i]];
+		if (!(b->in_memory || b->is_output) || b->row_local ||
+		    holds_row_scratch(g, g->args[i]))
+			continue;
+		int64_t cb = (int64_t)kiln_dtype_size(b->dtype);
+		bool known = true;
+		for (uint32_t d = 0; d < b->rank; d++) {
+			if (b->sizes[d].e != NULL)
+				known = false;
+			else if (cb < INT64_MAX / 2)
+				cb *= b->sizes[d].c > 0 ? b->sizes[d].c : 0;
+		}
+		if (known && cb < NT_FLOOR)
+			continue;
+		LLVMValueRef n = LLVMConstInt(
+		    g->i64, (uint64_t)kiln_dtype_size(b->dtype), 0);
+		for (uint32_t d = 0; d < b->rank; d++)
+			n = LLVMBuildMul(
+			    g->b, n, emit_ix(g, ix_dim(c, b->sizes[d])), "");
+		if (min == NULL) {
+			min =
+			    LLVMBuildLoad2(g->b, g->i64, nt_min_global(g), "");
+			LLVMSetAlignment(min, 8);
+		}
+		g->nt_flag[i] = LLVMBuildICmp(g->b, LLVMIntSGE, n, min, "");
+	}
+}
+
+/* Stores the vector sv at p: streaming where the buffer's flag and the
+ * address's alignment allow (nt_setup), else plain. */
+static void store_vec(gen_t *g, uint32_t buf, LLVMValueRef sv, LLVMValueRef p,
+		      unsigned align)
+{
+	int a = arg_index(g, buf);
+	LLVMTypeRef vt = LLVMTypeOf(sv);
+	LLVMValueRef flag = a >= 0 ? g->nt_flag[a] : NULL;
+	unsigned long long vb = 0;
+	if (flag != NULL && LLVMGetTypeKind(vt) == LLVMVectorTypeKind) {
+		LLVMTypeRef et = LLVMGetElementType(vt);
+		unsigned eb = 0;
+		switch (LLVMGetTypeKind(et)) {
+		case LLVMFloatTypeKind: eb = 4; break;
+		case LLVMDoubleTypeKind: eb = 8; break;
+		case LLVMHalfTypeKind:
+		case LLVMBFloatTypeKind: eb = 2; break;
+		case LLVMIntegerTypeKind:
+			eb = LLVMGetIntTypeWidth(et) / 8;
+			break;
+		default: break;
+		}
+		vb = (unsigned long long)LLVMGetVectorSize(vt) * eb;
+	}
+	if (vb < 32 || (vb & (vb - 1)) != 0) {
+		LLVMValueRef s = LLVMBuildStore(g->b, sv, p);
+		LLVMSetAlignment(s, align);
+		return;
+	}
+	unsigned na = vb < 64 ? (unsigned)vb : 64;
+	LLVMValueRef pi = LLVMBuildPtrToInt(g->b, p, g->i64, "");
+	LLVMValueRef mis =
+	    LLVMBuildAnd(g->b, pi, LLVMConstInt(g->i64, na - 1, 0), "");
+	LLVMValueRef ok = LLVMBuildAnd(
+	    g->b, flag,
+	    LLVMBuildICmp(g->b, LLVMIntEQ, mis, LLVMConstInt(g->i64, 0, 0), ""),
+	    "");
+	LLVMBasicBlockRef bn =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "nt");
+	LLVMBasicBlockRef bp =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "plain");
+	LLVMBasicBlockRef bj =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "stored");
+	LLVMBuildCondBr(g->b, ok, bn, bp);
+	LLVMPositionBuilderAtEnd(g->b, bn);
+	LLVMValueRef sn = LLVMBuildStore(g->b, sv, p);
+	LLVMSetAlignment(sn, na);
+	LLVMValueRef one = LLVMConstInt(g->i32, 1, 0);
+	LLVMSetMetadata(sn, LLVMGetMDKindIDInContext(g->ctx, "nontemporal", 11),
+			LLVMMDNodeInContext(g->ctx, &one, 1));
+	LLVMBuildBr(g->b, bj);
+	LLVMPositionBuilderAtEnd(g->b, bp);
+	LLVMValueRef s = LLVMBuildStore(g->b, sv, p);
+	LLVMSetAlignment(s, align);
+	LLVMBuildBr(g->b, bj);
+	LLVMPositionBuilderAtEnd(g->b, bj);
+	g->any_nt = true;
+}
+
 static void emit_store(gen_t *g, uint32_t buf, const kiln_expr_t *sidx,
 		       LLVMValueRef val, int w)
 {
@@ -771,8 +917,7 @@ static void emit_store(gen_t *g, uint32_t buf, const kiln_expr_t *sidx,
 	bool affine = g->vvar < 0 || ix_coef(sidx, (uint32_t)g->vvar, &coef);
 	if (w == 1 || (affine && coef == 1)) {
 		LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &idx, 1, "");
-		LLVMValueRef s = LLVMBuildStore(g->b, sv, p);
-		LLVMSetAlignment(s, align);
+		store_vec(g, buf, sv, p, align);
 		return;
 	}
 	if (!affine) {
@@ -782,8 +927,7 @@ static void emit_store(gen_t *g, uint32_t buf, const kiln_expr_t *sidx,
 			LLVMValueRef i0 = emit_lane0(g, e2, w);
 			LLVMValueRef p =
 			    LLVMBuildGEP2(g->b, st, base, &i0, 1, "");
-			LLVMValueRef s2 = LLVMBuildStore(g->b, sv, p);
-			LLVMSetAlignment(s2, align);
+			store_vec(g, buf, sv, p, align);
 			return;
 		}
 	}
@@ -3996,8 +4140,14 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 		gen_conv_body(g, begin, end);
 	else if (k->is_gemm)
 		gen_gemm_body(g, begin, end);
-	else
+	else {
+		nt_setup(g);
 		gen_kernel_body(g, begin, end);
+		for (uint32_t i = 0; i < g->n_args; i++)
+			g->nt_flag[i] = NULL;
+		if (g->any_nt)
+			cg_intr(g, "llvm.x86.sse.sfence", NULL, 0, NULL, 0);
+	}
 	LLVMBuildRetVoid(g->b);
 	if (k->is_epilogue)
 		return 0; /* called by its product's kernel alone */

@@ -130,10 +130,21 @@ int kiln_module_load(const uint8_t *p, size_t n, const kiln_limits_t *lim,
  *   KILN_EINVGRAPH  the code is not an ELF shared object for this machine,
  *                   dlopen refused it (its message is quoted), or a kernel's
  *                   symbol is missing ("kernel 2: symbol \"k2\" not found");
+ *   -EINVAL         KILN_NT_BYTES is set to something other than a byte
+ *                   count or "off" (the message names it);
  *   -errno          memfd_create / write failed; -ENOMEM.
  */
 int kiln_module_from_artifact(kiln_artifact_t *a, kiln_module_t **out,
 			      char *err, size_t errlen);
+
+/*
+ * The size in bytes from which kernels write a buffer with streaming
+ * (non-temporal) stores, set in every module this process loads:
+ * KILN_NT_BYTES (a byte count with an optional K, M or G suffix, or "off"),
+ * else 3/4 of the host's L3 cache (INT64_MAX, never, where none is known).
+ * Read once. -1 when KILN_NT_BYTES is malformed (module loads then fail).
+ */
+int64_t kiln_nt_min_bytes(void);
 
 /*
  * dlcloses the code and frees the artifact, the cached arenas and the

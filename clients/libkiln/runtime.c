@@ -29,6 +29,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +164,94 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 	return 0;
 }
 
+/* The smallest buffer a kernel writes with streaming stores (compiler/
+ * codegen.c nt_setup; the code object's kiln_nt_min): KILN_NT_BYTES (a
+ * byte count, with an optional K, M or G suffix of 1024s, or "off"), else
+ * 3/4 of the L3 cache the first CPU shares (sysfs; sysconf where sysfs
+ * has none), glibc's threshold for its own non-temporal memcpy. No L3
+ * known: off. */
+static pthread_once_t nt_once = PTHREAD_ONCE_INIT;
+static int64_t nt_min = INT64_MAX;
+static char nt_bad[160];
+
+/* A size: digits and an optional K/M/G suffix; -1 if s is not one. */
+static int64_t parse_bytes(const char *s)
+{
+	char *end = NULL;
+	errno = 0;
+	long long v = strtoll(s, &end, 10);
+	if (end == s || errno != 0 || v < 0 || *s == '-' || *s == '+')
+		return -1;
+	int sh = 0;
+	if (*end == 'K' || *end == 'k')
+		sh = 10;
+	else if (*end == 'M' || *end == 'm')
+		sh = 20;
+	else if (*end == 'G' || *end == 'g')
+		sh = 30;
+	if (sh != 0)
+		end++;
+	if (*end != '\0' || v > (INT64_MAX >> sh))
+		return -1;
+	return (int64_t)v << sh;
+}
+
+static int64_t l3_bytes(void)
+{
+	for (int i = 0; i < 16; i++) {
+		char path[96], buf[64];
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			break;
+		bool l3 = fgets(buf, sizeof(buf), f) != NULL && atoi(buf) == 3;
+		fclose(f);
+		if (!l3)
+			continue;
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+		f = fopen(path, "r");
+		if (f == NULL)
+			break;
+		int64_t n = -1;
+		if (fgets(buf, sizeof(buf), f) != NULL) {
+			buf[strcspn(buf, "\n")] = '\0';
+			n = parse_bytes(buf);
+		}
+		fclose(f);
+		if (n > 0)
+			return n;
+	}
+	long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+	return v > 0 ? (int64_t)v : 0;
+}
+
+static void nt_init(void)
+{
+	const char *env = getenv("KILN_NT_BYTES");
+	if (env != NULL && *env != '\0') {
+		int64_t v =
+		    strcmp(env, "off") == 0 ? INT64_MAX : parse_bytes(env);
+		if (v < 0)
+			snprintf(nt_bad, sizeof(nt_bad),
+				 "KILN_NT_BYTES=\"%.64s\": expected a byte "
+				 "count (K, M or G suffix allowed) or off",
+				 env);
+		else
+			nt_min = v;
+		return;
+	}
+	int64_t l3 = l3_bytes();
+	nt_min = l3 > 0 ? l3 / 4 * 3 : INT64_MAX;
+}
+
+int64_t kiln_nt_min_bytes(void)
+{
+	pthread_once(&nt_once, nt_init);
+	return nt_bad[0] != '\0' ? -1 : nt_min;
+}
+
 /* memfd + dlopen + dlsym of every kernel into m->dl / m->fns. */
 static int load_code(kiln_module_t *m, char *err, size_t errlen)
 {
@@ -170,6 +259,9 @@ static int load_code(kiln_module_t *m, char *err, size_t errlen)
 	int rc = check_elf(a->code, a->code_len, err, errlen);
 	if (rc != 0)
 		return rc;
+	int64_t ntb = kiln_nt_min_bytes();
+	if (ntb < 0)
+		return kiln__errf(err, errlen, -EINVAL, "%s", nt_bad);
 	int fd = memfd_create("kiln-module", MFD_CLOEXEC);
 	if (fd < 0)
 		return kiln__errf(err, errlen, -errno, "memfd_create: %s",
@@ -218,6 +310,10 @@ static int load_code(kiln_module_t *m, char *err, size_t errlen)
 					  k, a->kernels[k].name);
 		memcpy(&m->fns[k], &sym, sizeof(sym));
 	}
+	/* absent from code that writes nothing that large */
+	int64_t *ntp = dlsym(m->dl, "kiln_nt_min");
+	if (ntp != NULL)
+		*ntp = ntb;
 	return 0;
 }
 

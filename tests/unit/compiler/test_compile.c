@@ -18,6 +18,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <elf.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -1839,7 +1840,7 @@ Test(fusion, views_are_not_copies)
 /* ---- dynamic shapes: one artifact, several sizes
  * ------------------------- */
 
-Test(dynamic, one_artifact_many_sizes)
+static void dynamic_softmax_many_sizes(void)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
@@ -1945,6 +1946,145 @@ Test(dynamic, one_artifact_many_sizes)
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
 	kiln_compiler_free(kc);
+}
+
+Test(dynamic, one_artifact_many_sizes)
+{
+	dynamic_softmax_many_sizes();
+}
+
+/* The same with every buffer streamed (KILN_NT_BYTES=0): a symbolic
+ * size's flag is computed when the kernel runs. */
+Test(dynamic, one_artifact_many_sizes_streaming)
+{
+	setenv("KILN_NT_BYTES", "0", 1);
+	cr_assert_eq(kiln_nt_min_bytes(), 0);
+	dynamic_softmax_many_sizes();
+}
+
+/* ---- streaming stores (codegen.c nt_setup) ------------------------------ */
+
+/* The assembly of g (the caller frees it). */
+static char *asm_of(kiln_compiler_t *kc, const kiln_graph_t *g)
+{
+	char *text = emit_text(kc, g, KILN_EMIT_ASM, NULL);
+	cr_assert(text != NULL);
+	return text;
+}
+
+/* With KILN_NT_BYTES=0 every output of at least 1 MiB is written with
+ * streaming stores where a vector's address is aligned, and plainly where
+ * not (rows of 1000 f32: every other row starts off a 64-byte line), and
+ * the kernel fences them: log_softmax over rows (inner-vectorized) and
+ * softmax over columns (4 blocks of columns a unit) of [600, 1000]. Not
+ * streamed: softmax over rows (its exp lives in the output's rows, in
+ * cache when the last pass scales it) and a 160 KB output. All against
+ * the interpreter. */
+Test(nt, large_outputs_stream_and_match_the_interpreter)
+{
+	setenv("KILN_NT_BYTES", "0", 1);
+	cr_assert_eq(kiln_nt_min_bytes(), 0);
+	kiln_compiler_t *kc = new_compiler();
+	const struct {
+		const char *op;
+		int64_t r, c, dim;
+		bool big;
+	} cs[] = {{"aten._log_softmax.default", 600, 1000, 1, true},
+		  {"aten._softmax.default", 600, 1000, 0, true},
+		  {"aten._softmax.default", 600, 1000, 1, false},
+		  {"aten._log_softmax.default", 40, 1000, 1, false}};
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		gb_t b;
+		row_op_dim_graph(&b, cs[i].op, cs[i].r, cs[i].c, cs[i].dim);
+		kiln_graph_t *g = graph_from_json_like(cs[i].op, &b.sb);
+		char what[96];
+		snprintf(what, sizeof(what), "%s dim %lld of [%lld, %lld]",
+			 cs[i].op, (long long)cs[i].dim, (long long)cs[i].r,
+			 (long long)cs[i].c);
+		char *text = asm_of(kc, g);
+		/* streaming needs vectors of 32 bytes or more (AVX) */
+		bool wide = strstr(text, "ymm") || strstr(text, "zmm");
+		if (wide) {
+			cr_expect_eq(strstr(text, "movnt") != NULL, cs[i].big,
+				     "%s: streaming stores", what);
+			cr_expect_eq(strstr(text, "sfence") != NULL, cs[i].big,
+				     "%s: sfence", what);
+		}
+		free(text);
+		expect_matches_interp(kc, g, "default", 31 + i, 1e-5, what);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* A KILN_NT_BYTES that is not a size fails every module load with a
+ * message naming it; nothing runs. */
+Test(nt, malformed_env_fails_the_load)
+{
+	setenv("KILN_NT_BYTES", "12Q", 1);
+	cr_expect_eq(kiln_nt_min_bytes(), -1);
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	softmax_graph(&b, 4, 8, 1);
+	kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	cr_assert_eq(kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err)), 0,
+		     "%s", err);
+	kiln_module_t *m = NULL;
+	int rc = kiln_module_from_artifact(a, &m, err, sizeof(err));
+	cr_expect_eq(rc, -EINVAL, "rc %d: %s", rc, err);
+	cr_expect(m == NULL);
+	cr_expect(strstr(err, "KILN_NT_BYTES=\"12Q\"") != NULL, "%s", err);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+Test(nt, env_sizes_with_suffixes)
+{
+	setenv("KILN_NT_BYTES", "24M", 1);
+	cr_expect_eq(kiln_nt_min_bytes(), 24LL << 20);
+}
+
+Test(nt, env_off)
+{
+	setenv("KILN_NT_BYTES", "off", 1);
+	cr_expect_eq(kiln_nt_min_bytes(), INT64_MAX);
+}
+
+/* Unset: 3/4 of the L3 that sysfs lists for cpu0, where it lists one. */
+Test(nt, default_is_three_quarters_of_the_l3)
+{
+	unsetenv("KILN_NT_BYTES");
+	int64_t v = kiln_nt_min_bytes();
+	cr_expect_gt(v, 0);
+	for (int i = 0; i < 16; i++) {
+		char path[96], buf[64];
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			break;
+		bool l3 = fgets(buf, sizeof(buf), f) != NULL && atoi(buf) == 3;
+		fclose(f);
+		if (!l3)
+			continue;
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+		f = fopen(path, "r");
+		cr_assert(f != NULL);
+		long long kb = 0;
+		char unit = 0;
+		cr_assert_eq(fscanf(f, "%lld%c", &kb, &unit), 2);
+		fclose(f);
+		cr_assert_eq(unit, 'K', "sysfs size unit %c", unit);
+		cr_expect_eq(v, (kb << 10) / 4 * 3);
+		break;
+	}
 }
 
 /* transformer_dyn_fwd (a TransformerEncoderLayer, sequence first, its

@@ -244,6 +244,39 @@ def test_five_training_steps_match_eager(name, opt_name):
     _no_fallback()
 
 
+class _GPT2Cached(nn.Module):
+    """GPT-2 called as a training script calls it: use_cache left on, so
+    transformers makes a DynamicCache whose torch.tensor([]) is a constant
+    tensor in the forward graph (kiln.export: an aten.full)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids):
+        return self.inner(input_ids=ids, labels=ids).loss
+
+
+def test_gpt2_with_its_cache_on_trains_in_kiln():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     bos_token_id=0, eos_token_id=0)
+    inner = GPT2LMHeadModel(cfg)
+    inner.loss_type = "ForCausalLM"
+    model, args = _GPT2Cached(inner), (_ids(6, (2, 16), 512),)
+    ref = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double()
+    eager = _train(ref, args, "sgd", 5, compiled=False)
+    want = _train(exact, args, "sgd", 5, compiled=False)
+    ours = _train(model, args, "sgd", 5, compiled=True)
+    _close(ours, eager, want, 1e-4, 1e-6, "losses")
+    for (pn, p), q, r in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
+        _close(p, q, r, 1e-4, 1e-5, pn)
+    _no_fallback()
+
+
 # ---- dropout: kiln's counter-based generator (kiln/ops.py, compiler/rng.h) ----
 
 def test_training_dropout_runs_in_kiln_and_follows_manual_seed():

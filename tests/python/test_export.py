@@ -672,6 +672,39 @@ def test_export_error_get_attr():
         export_graph(gm)
 
 
+def test_export_uniform_constants_become_full():
+    """A constant tensor of one value (transformers' torch.tensor([]), a
+    scalar) is an aten.full node of that value, bit for bit (-0.0 stays
+    negative); an empty one is a full of zero elements."""
+    import torch
+    from kiln.export import export_graph
+    gm = _fx(lambda x: torch.cat([(x + torch.tensor([4.0, 4.0, 4.0])) * torch.tensor(-0.0),
+                                  torch.tensor([])]), torch.randn(3))
+    consts = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    if not consts:
+        pytest.skip("make_fx did not produce a get_attr constant")
+    g = export_graph(gm)
+    validate_graph(g)
+    fulls = [n for n in g["nodes"] if n["op"] == "aten.full.default"]
+    assert len(fulls) == len(consts) == 3
+    got = {(tuple(n["args"][0]), n["args"][1], math.copysign(1.0, n["args"][1]))
+           for n in fulls}
+    assert got == {((3,), 4.0, 1.0), ((), 0.0, -1.0), ((0,), 0, 1.0)}
+    for n in fulls:
+        assert n["kwargs"] == {"dtype": "f32"}
+        assert n["out"] == [{"dtype": "f32", "shape": n["args"][0]}]
+
+
+def test_export_error_constant_of_several_values():
+    import torch
+    from kiln.export import ExportError, export_graph
+    gm = _fx(lambda x: x * torch.tensor([-0.0, 0.0]), torch.randn(2))
+    if not any(n.op == "get_attr" for n in gm.graph.nodes):
+        pytest.skip("make_fx did not produce a get_attr constant")
+    with pytest.raises(ExportError, match="get_attr.*not all the same value"):
+        export_graph(gm)
+
+
 def test_export_error_unknown_arg_type():
     import torch
     from kiln.export import ExportError, export_graph

@@ -6,9 +6,11 @@ torch 2.x AOTAutograd forward/backward/inference compiler receives
 for dynamic sizes) and returns the Graph v1 map as a Python dict;
 ``dumps(graph)`` packs it as msgpack.
 
-What does not fit Graph v1 raises ``ExportError`` naming the node.  Two
-AOTAutograd habits are handled with extra top-level keys (which kiln's decoder
-ignores):
+What does not fit Graph v1 raises ``ExportError`` naming the node.  A
+constant tensor (``get_attr``: transformers' ``torch.tensor([])``, a scalar
+mask value) whose elements are all one value becomes an ``aten.full`` node;
+one of several values cannot be exported.  Two AOTAutograd habits are
+handled with extra top-level keys (which kiln's decoder ignores):
 
 * a backward graph returns ``None`` for inputs that need no gradient; those
   outputs are left out of ``outputs`` and their positions (in the graph's own
@@ -252,6 +254,29 @@ class _Exporter:
             spec["strides"] = [self.dim(s) for s in strides]
         return spec
 
+    # ---- constants ----
+    def constant(self, n):
+        """The node that makes get_attr n's tensor: aten.full of its one
+        value (an empty tensor, a scalar such as transformers' masks, a
+        filled buffer). A tensor of several values has no op that makes it
+        in Graph v1 (it would have to be an input)."""
+        v = self.gm
+        for part in str(n.target).split("."):
+            v = getattr(v, part, None)
+        if not isinstance(v, torch.Tensor):
+            self.err(f"get_attr of a {type(v).__name__} (only tensor constants are supported)")
+        if v.layout != torch.strided or v.is_complex() or v.dtype not in DTYPE_NAMES:
+            self.err(f"constant tensor of layout {v.layout}, dtype {v.dtype} is not supported")
+        fill = _uniform_fill(v)
+        if fill is None:
+            self.err(f"a constant tensor of {v.numel()} elements that are not all the same "
+                     "value is not supported (Graph v1 has no op that makes it); make it an "
+                     "input or a buffer of the module")
+        return {"op": "aten.full.default", "name": n.name,
+                "args": [[int(d) for d in v.shape], self.arg(fill)],
+                "kwargs": {"dtype": self.dtype_name(v.dtype)},
+                "out": [{"dtype": self.dtype_name(v.dtype), "shape": [int(d) for d in v.shape]}]}
+
     # ---- arguments ----
     def arg(self, a):
         if a is None:
@@ -404,7 +429,9 @@ class _Exporter:
                     else:
                         self.err(f"output {pos} of type {type(r).__name__} is not supported")
             elif n.op == "get_attr":
-                self.err("get_attr (a constant tensor attribute) is not supported; lift it to an input")
+                nodes.append(self.constant(n))
+                self.env[n] = ("ref", nval)
+                nval += 1
             else:
                 self.err(f"FX node kind {n.op!r} is not supported")
         self.node = None
@@ -457,6 +484,36 @@ def _bound(b, default):
     if math.isinf(f):
         return default
     return int(b)
+
+
+_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _uniform_fill(t):
+    """The Python value every element of t holds, bit for bit (0 for an
+    empty t); None when they differ or the value is a NaN (Graph v1 has no
+    NaN argument)."""
+    # AOTAutograd calls its compilers under a FakeTensorMode, which refuses
+    # operations on the real constant
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        return _uniform_fill_real(t.detach())
+
+
+def _uniform_fill_real(t):
+    if t.numel() == 0:
+        return False if t.dtype == torch.bool else 0
+    flat = t.reshape(-1)
+    first = flat[0].item()
+    if isinstance(first, float) and math.isnan(first):
+        return None
+    ref = torch.full_like(flat, first)
+    if t.is_floating_point():
+        iv = _INT_VIEW[t.element_size()]
+        same = torch.equal(flat.contiguous().view(iv), ref.view(iv))
+    else:
+        same = torch.equal(flat, ref)
+    return first if same else None
 
 
 def _is_contiguous(shape, strides):

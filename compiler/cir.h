@@ -161,6 +161,9 @@ typedef struct cnode {
 	bool fallback;
 	uint32_t n_fbout;
 	uint32_t *fbout;
+	/* why an op kiln lowers fell back here (its lowering's message), or
+	 * NULL: an op kiln does not lower at all */
+	const char *fb_why;
 	/* a matrix product: buf[b, m, n] = sum_k A[b, m, k] * B[b, k, n]
 	 * (b: the batch dims, none for mm), A and B strided buffer views */
 	bool gemm;

@@ -908,7 +908,23 @@ int lower_graph(cctx_t *c)
 				c->n_nodes = nn;
 				for (uint32_t k = 0; k < nd->n_out; k++)
 					c->vals[nd->out_first + k] = NULL;
+				const char *why = NULL;
+				if (c->err != NULL && c->err[0] != '\0') {
+					/* past lerr's "node N (op): " */
+					const char *p = strstr(c->err, "): ");
+					const char *m =
+					    p != NULL ? p + 3 : c->err;
+					size_t len = strlen(m);
+					char *w =
+					    kiln_arena_alloc(c->arena, len + 1);
+					if (w != NULL)
+						memcpy(w, m, len + 1);
+					why = w;
+					c->err[0] = '\0';
+				}
 				rc = lower_fallback(c, &ln);
+				if (rc == 0)
+					c->nodes[c->n_nodes - 1].fb_why = why;
 			}
 		}
 		if (rc != 0)

@@ -15,8 +15,9 @@
  * positions: the output element at p reduces, over every source position q,
  * a guarded where(index[q] == p, src[q], 0) — a virtual lazy tensor of rank
  * out_rank + (source dims), reduced over the source dims. That is
- * O(outputs × sources) work, fine for the sizes graphs use here (a 512-row
- * embedding gradient of 32 tokens is 1M multiply-adds). A plain scatter
+ * O(outputs × sources) work, fine for small graphs (a 512-row embedding
+ * gradient of 32 tokens is 1M multiply-adds); past VREDUCE_MAX_WORK the
+ * node is a fallback step instead (torch's scatter). A plain scatter
  * (not accumulating) keeps torch's sequential "last write wins" exactly: a
  * max reduction finds the last matching source position, then a dyn load
  * reads that one source element.
@@ -160,12 +161,37 @@ static int scalar_of(lnode_t *n, const lt_t *t, const char *what,
 	return *out ? 0 : -ENOMEM;
 }
 
+/* The most elements a virtual reduction may visit (sizes by their hints
+ * where they are symbols): past it the op is a fallback step, which the
+ * Python runtime runs through torch's own scatter, O(sources). The dense
+ * form of a language model's embedding gradient is O(vocabulary × tokens ×
+ * width): a LLaMA-style [8192, 512] embedding over 512 tokens took 160 ms
+ * a training step here (2^31 elements), torch's index_add a fraction of a
+ * millisecond; at 2^22 the dense reduction is about 0.3 ms. */
+#define VREDUCE_MAX_WORK (1LL << 22)
+
 /* op-reduction over rmask of the virtual tensor (rank, sizes) whose element
  * is body (in acc); rmask == 0: the tensor itself. */
 static int vreduce(lnode_t *n, uint32_t rank, const kiln_dim_t *sizes,
 		   const sx_t *body, uint32_t rmask, red_op_t op,
 		   kiln_dtype_t acc, lt_t **out)
 {
+	if (rmask != 0) {
+		int64_t work = 1;
+		for (uint32_t k = 0; k < rank && work <= VREDUCE_MAX_WORK;
+		     k++) {
+			int64_t d = sizes[k].e != NULL
+					? ix_estimate(n->c, sizes[k].e)
+					: sizes[k].c;
+			work *= d > 0 ? d : 0;
+		}
+		if (work > VREDUCE_MAX_WORK)
+			return lerr(n, KILN_EUNSUPOP,
+				    "as a dense reduction it would visit more "
+				    "than %lld elements (kiln has no scatter "
+				    "kernel yet)",
+				    (long long)VREDUCE_MAX_WORK);
+	}
 	lt_t *t = lt_fn(n->c, acc, rank, sizes, body);
 	if (t == NULL)
 		return -ENOMEM;

@@ -785,8 +785,10 @@ char *sched_report(cctx_t *c)
 			const cnode_t *n = &c->nodes[k->members[0].node];
 			sb_printf(&s,
 				  "%s: fallback step <- node %d %s (run by "
-				  "torch)\n",
-				  k->name, n->node, c->g->nodes[n->node].op);
+				  "torch%s%s)\n",
+				  k->name, n->node, c->g->nodes[n->node].op,
+				  n->fb_why != NULL ? ": " : "",
+				  n->fb_why != NULL ? n->fb_why : "");
 			continue;
 		}
 		if (k->is_gemm && c->nodes[k->members[0].node].conv != NULL) {

@@ -1962,6 +1962,63 @@ Test(dynamic, one_artifact_many_sizes_streaming)
 	dynamic_softmax_many_sizes();
 }
 
+/* ---- scatters: dense below a size, torch's above ------------------------- */
+
+/* embedding_dense_backward(grad [N, D], idx [N], V, -1, false) -> [V, D] */
+static kiln_graph_t *embedding_bw_graph(int64_t V, int64_t N, int64_t D)
+{
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 2);
+	spec2(&b, "f32", N, D);
+	const int64_t n1[1] = {N};
+	specn(&b, "i64", n1, 1);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.embedding_dense_backward.default", 5);
+	ref(&b, 0);
+	ref(&b, 1);
+	msgpack_pack_int64(&b.pk, V);
+	msgpack_pack_int64(&b.pk, -1);
+	msgpack_pack_false(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", V, D);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 2);
+	kiln_graph_t *g = graph_from_json_like("embedding backward", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
+/* kiln lowers a scatter as a reduction over every (output, source) pair:
+ * an embedding gradient of a 512-row vocabulary is a kernel, one of an
+ * [8192, 512] embedding over 512 tokens (2^31 pairs: 160 ms a training
+ * step) a fallback step that torch runs, and the report says why. */
+Test(lowering, large_scatters_are_fallback_steps)
+{
+	kiln_compiler_t *kc = new_compiler();
+	kiln_graph_t *small = embedding_bw_graph(512, 32, 64);
+	char *rep = NULL;
+	n_kernels(kc, small, &rep);
+	cr_assert(rep != NULL);
+	cr_expect(strstr(rep, "fallback") == NULL, "%s", rep);
+	free(rep);
+	kiln_graph_free(small);
+	kiln_graph_t *big = embedding_bw_graph(8192, 512, 512);
+	n_kernels(kc, big, &rep);
+	cr_assert(rep != NULL);
+	cr_expect(strstr(rep, "fallback step <- node 0 "
+			      "aten.embedding_dense_backward.default (run by "
+			      "torch: as a dense reduction it would visit "
+			      "more than 4194304 elements") != NULL,
+		  "%s", rep);
+	free(rep);
+	kiln_graph_free(big);
+	kiln_compiler_free(kc);
+}
+
 /* ---- streaming stores (codegen.c nt_setup) ------------------------------ */
 
 /* The assembly of g (the caller frees it). */

@@ -395,7 +395,9 @@ static int gemm_nchw(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t acc, int64_t N,
 
 /* Whether a convolution takes the direct form (a reduction over cg, kh,
  * kw vectorized across output columns) rather than a product: small
- * (Cg·KH·KW <= 32) grouped ones (depthwise), and 1x1 stride-1 ones of at
+ * (Cg·KH·KW <= 32) grouped ones (depthwise), grouped ones of up to 64 taps
+ * (ConvNeXt's 7x7 depthwise, ResNeXt's 4-channel groups) whose output rows
+ * are a multiple of 4 columns, and 1x1 stride-1 ones of at
  * most 16 input channels. The other small ones (which took it before) measured
  * faster as im2col + BLAS (`kilnc --run --bench` against the code before, 2
  * threads, AMD EPYC Zen 3): a stride along W makes every vector load a
@@ -406,14 +408,25 @@ static int gemm_nchw(lnode_t *n, lt_t *a, lt_t *b, kiln_dtype_t acc, int64_t N,
  * 32² is the other way (0.021 against 0.032), 32->16 at 56² not (0.088
  * against 0.063), and so are outputs of at most 16384 elements at stride
  * 1, where the im2col kernel and the BLAS call cost more than they save
- * (the corpus cnn's 3->8 at 16², batch 2: forward 0.042 against 0.049). */
+ * (the corpus cnn's 3->8 at 16², batch 2: forward 0.042 against 0.049).
+ * The grouped ones of 33-64 taps had taken im2col (a [N·G, Cg·KH·KW,
+ * OH·OW] buffer: 128 MB for ConvNeXt's 80-channel 7x7 depthwise at 32²,
+ * batch 8) and a product per group: direct, 2 threads, Zen 5, against
+ * eager: 7x7 depthwise [8, 80, 32²] 5.95 -> 0.38 ms (eager 0.84), [8,
+ * 160, 16²] 2.76 -> 0.27 (0.30), [8, 320, 8²] 1.87 -> 0.27 (0.09), [1,
+ * 96, 56²] 8.58 -> 0.27 (0.47); 3x3 in groups of 4 channels [8, 128,
+ * 28²] 3.98 -> 0.57 (1.28); 5x5 in groups of 2 [8, 96, 32²] 6.81 -> 0.58
+ * (5.13). Where a row ends in scalar columns the direct form can be far
+ * slower (7x7 depthwise [8, 384, 7²]: 37.5 against 2.75 ms; 3x3 in groups
+ * of 16 at 7²: 68 against 2.2), hence OW % 4 == 0. */
 static bool direct_ok(int64_t G, int64_t Cg, int64_t KH, int64_t KW,
-		      int64_t outputs, const conv_t *cv)
+		      int64_t outputs, int64_t OW, const conv_t *cv)
 {
+	if (G > 1)
+		return Cg * KH * KW <= 32 ||
+		       (Cg * KH * KW <= 64 && OW % 4 == 0);
 	if (Cg * KH * KW > 32)
 		return false;
-	if (G > 1)
-		return true;
 	if (cv->s[1] != 1)
 		return false;
 	return (KH == 1 && KW == 1 && cv->s[0] == 1 && Cg <= 16) ||
@@ -475,8 +488,8 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	bool one = G == 1 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
 		   cv.s[1] == 1 && cv.p[0] == 0 && cv.p[1] == 0;
 	const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
-	if (direct_ok(G, Cg, KH, KW, N * O * OH * OW, &cv) || c->blas == NULL ||
-	    (acc != KILN_DT_F32 && acc != KILN_DT_F64)) {
+	if (direct_ok(G, Cg, KH, KW, N * O * OH * OW, OW, &cv) ||
+	    c->blas == NULL || (acc != KILN_DT_F32 && acc != KILN_DT_F64)) {
 		/* direct: full space [N, O, Cg, KH, KW, OH, OW]. It reads each
 		 * input element Og·KH·KW times: a computed input (the eval
 		 * batch_norm and relu6 after the convolution before, in

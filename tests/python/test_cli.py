@@ -197,8 +197,11 @@ def test_explain_model_prints_graphs_kernels_and_time(kiln_daemon):
     assert re.search(r"kernels \(\d+\): kiln_k0 \w+", out), out
     assert "cache:" in out and "graph breaks: none" in out
     for row in ("time (ms):", "first call", "Dynamo + AOTAutograd tracing", "kilnd round trips",
-                "first run", "steady step (median of 2)"):
+                "first run", "steady step (median of 2)", "kiln's plan steps in a steady step"):
         assert row in out, out
+    # the costliest plan steps: ms, graph, kind, step, kernel and its op
+    assert re.search(r"\n +\d+\.\d{3}  graph [12] \((forward|backward)\) step \d+: kiln_k\d+",
+                     out), out
     # mlp's products are BLAS's: which kernels OpenBLAS ran
     from kiln.runtime import lib
     want = lib().kiln_blas_coretype()
@@ -226,6 +229,19 @@ def test_explain_in_process_sources_and_cache_hits(kiln_daemon):
     assert r.totals["hits"] + r.totals["misses"] == 2
     assert r.times["total"] > 0 and r.times["step"] > 0 and "tracing" in r.times
     assert "graph 2: backward" in str(r)
+    # every plan step of both graphs, timed over the 2 steady steps
+    prof = r.profile
+    assert {p["graph"] for p in prof} == {1, 2}
+    assert len(prof) == sum(len(g["kernels"]) for g in r.graphs) + sum(
+        len(g["fallback_ops"]) for g in r.graphs)
+    assert [p["ms"] for p in prof] == sorted((p["ms"] for p in prof), reverse=True)
+    assert all(p["ms"] >= 0 and p["calls"] == 1 for p in prof), prof
+    for p in prof:
+        g = r.graphs[p["graph"] - 1]
+        assert p["kind"] == g["kind"]
+        assert p["kernel"] is None or p["kernel"] in g["kernels"], p
+    assert sum(p["ms"] for p in prof) <= r.times["step"] * 1.5
+    assert "kiln's plan steps in a steady step" in str(r)
 
     # the same model again: this process' cache serves both graphs
     again = kiln.explain(model, *args, train=True, steps=1)

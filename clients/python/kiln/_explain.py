@@ -51,6 +51,7 @@ SOURCE_TEXT = {
     "fallback": "fallback",
 }
 MAX_KERNELS_SHOWN = 12
+MAX_STEPS_SHOWN = 10
 WIDTH = 100
 
 
@@ -171,8 +172,12 @@ class Observer:
         t = time.perf_counter()
         try:
             got = call()  # a Module (_compile_aten) or a runner (_load_cached)
-            e["kernel_ops"] = self._kernel_ops(getattr(got, "kiln_module", got),
-                                               getattr(self._tls, "graph", None))
+            mod = getattr(got, "kiln_module", got)
+            graph = getattr(self._tls, "graph", None)
+            e["kernel_ops"] = self._kernel_ops(mod, graph)
+            if hasattr(mod, "start_profile"):
+                e["module"] = mod
+                e["step_ops"] = self._step_ops(mod, graph)
             return got
         except kb._Fallback as ex:
             e["error"] = str(ex)
@@ -204,6 +209,28 @@ class Observer:
             if ops[k] is None and isinstance(n, int) and 0 <= n < len(nodes):
                 ops[k] = _short_op(nodes[n].get("op"))
         return ops
+
+    @staticmethod
+    def _step_ops(mod, graph):
+        """Per plan step: (kernel name or None for a fallback step, ATen op)."""
+        kernels = getattr(mod, "_kernels", None) or []
+        nodes = (graph or {}).get("nodes") or []
+        out = []
+        for st in mod.steps():
+            n, k = st.get("node"), st.get("kernel")
+            op = st.get("op")
+            if op is None and isinstance(n, int) and 0 <= n < len(nodes):
+                op = nodes[n].get("op")
+            name = None
+            if st.get("kind") == "kernel" and isinstance(k, int) and 0 <= k < len(kernels):
+                name = kernels[k].get("name")
+            out.append((name, _short_op(op) if op else None))
+        return out
+
+    def modules(self):
+        """(graph index, entry) of every graph kiln runs (profiling)."""
+        with self._lock:
+            return [(i + 1, e) for i, e in enumerate(self.entries) if e.get("module")]
 
     def _fallback_backend(self, gm, example_inputs, settings, why, key):
         """A whole Dynamo graph going to the fallback: either an ATen graph
@@ -329,8 +356,10 @@ class Report:
     ]
 
     def __init__(self, title, graphs, times, graph_breaks=None, dynamo_graphs=None, steps=0,
-                 total_label="first call"):
+                 total_label="first call", profile=None):
         self.title = title
+        # the steady steps' plan steps, costliest first (explain with steps)
+        self.profile = list(profile or [])
         self.graphs = graphs
         self.graph_breaks = dict(graph_breaks or {})
         self.totals = totals_of(graphs, self.graph_breaks)
@@ -344,7 +373,8 @@ class Report:
     def as_dict(self):
         return {"title": self.title, "graphs": self.graphs, "totals": self.totals,
                 "times": self.times, "graph_breaks": self.graph_breaks,
-                "dynamo_graphs": self.dynamo_graphs, "blas": self.blas}
+                "dynamo_graphs": self.dynamo_graphs, "blas": self.blas,
+                "profile": self.profile}
 
     def __repr__(self):
         t = self.totals
@@ -405,6 +435,16 @@ class Report:
             out.append(line)
         if "step" in tm:
             out.append(f"  {'steady step (median of %d)' % self.steps:<34}{tm['step']:>10.2f}")
+        if self.profile:
+            total = sum(r["ms"] for r in self.profile)
+            fb = sum(r["ms"] for r in self.profile if r["kernel"] is None)
+            out += ["", f"kiln's plan steps in a steady step: {total:.2f} ms "
+                        f"({fb:.2f} in fallback steps); the costliest:"]
+            for r in self.profile[:MAX_STEPS_SHOWN]:
+                what = r["kernel"] or "fallback step"
+                op = f"  {r['op']}" if r["op"] else ""
+                out.append(f"  {r['ms']:>9.3f}  graph {r['graph']} ({r['kind']}) "
+                           f"step {r['step']}: {what}{op}")
         if self.blas:
             out += ["", f"blas: OpenBLAS with its {self.blas} kernels"]
         return "\n".join(out)
@@ -504,12 +544,20 @@ def explain(model, *args, train=False, steps=5, **compile_kwargs):
             t0 = time.perf_counter()
             call()
             first = (time.perf_counter() - t0) * 1e3
-        # the steady step: outside the observer, so it costs what a training loop pays
+        # the steady step: outside the observer, so it costs what a training
+        # loop pays, with each kiln graph's plan steps timed by libkiln (a
+        # clock read around each step)
         samples = []
-        for _ in range(max(0, int(steps))):
-            t = time.perf_counter()
-            call()
-            samples.append((time.perf_counter() - t) * 1e3)
+        mods = obs.modules()
+        for _, e in mods:
+            e["module"].start_profile()
+        try:
+            for _ in range(max(0, int(steps))):
+                t = time.perf_counter()
+                call()
+                samples.append((time.perf_counter() - t) * 1e3)
+        finally:
+            profile = _profile_rows(mods, len(samples))
     finally:
         with torch.no_grad():
             for p, g in grads.items():
@@ -521,4 +569,21 @@ def explain(model, *args, train=False, steps=5, **compile_kwargs):
     if samples:
         times["step"] = statistics.median(samples)
     return Report(_describe(model, train), graphs, times, obs.graph_breaks, obs.dynamo_graphs,
-                  steps=len(samples))
+                  steps=len(samples), profile=profile)
+
+
+def _profile_rows(mods, n_steps):
+    """Stops profiling every module; its plan steps' ms per model step
+    (summed over the module's calls, over n_steps), costliest first."""
+    rows = []
+    for index, e in mods:
+        calls, ms = e["module"].stop_profile()
+        if not calls or not n_steps:
+            continue
+        ops = e.get("step_ops") or []
+        for i, t in enumerate(ms):
+            name, op = ops[i] if i < len(ops) else (None, None)
+            rows.append({"graph": index, "kind": e["kind"], "step": i, "kernel": name,
+                         "op": op, "ms": t / n_steps, "calls": calls / n_steps})
+    rows.sort(key=lambda r: -r["ms"])
+    return rows

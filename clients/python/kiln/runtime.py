@@ -157,7 +157,8 @@ def lib():
                                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
                                        ctypes.c_size_t]
         L.kiln_module_free.argtypes = [ctypes.c_void_p]
-        for f in ("kiln_module_n_inputs", "kiln_module_n_outputs", "kiln_module_n_out_buffers"):
+        for f in ("kiln_module_n_inputs", "kiln_module_n_outputs", "kiln_module_n_out_buffers",
+                  "kiln_module_n_steps"):
             getattr(L, f).argtypes = [ctypes.c_void_p]
             getattr(L, f).restype = ctypes.c_uint32
         L.kiln_module_out_sizes.argtypes = [ctypes.c_void_p, ctypes.POINTER(IO), ctypes.c_uint32,
@@ -280,6 +281,32 @@ class Module:
         self._opts = ctypes.byref(RunOpts(None, self._cb, None))
         self._tls = threading.local()
         self._error = None
+        self._prof = None  # profiling: [step_ms array, calls]
+
+    # -- profiling (kiln.explain) ------------------------------------------
+    def start_profile(self):
+        """From now on every call adds each plan step's wall time to a
+        running total (libkiln's kiln_run_opts_t.step_ms, what kilnc
+        --profile prints). The totals are plain adds: profile one thread's
+        calls."""
+        n = max(lib().kiln_module_n_steps(self._h), 1)
+        arr = (ctypes.c_double * n)()
+        self._prof = [arr, 0]
+        self._opts = ctypes.byref(RunOpts(None, self._cb, None,
+                                          ctypes.cast(arr, ctypes.POINTER(ctypes.c_double))))
+
+    def stop_profile(self):
+        """Ends profiling; returns (calls, [ms of each plan step, summed
+        over the calls]), or (0, []) when it was not on."""
+        p, self._prof = self._prof, None
+        self._opts = ctypes.byref(RunOpts(None, self._cb, None))
+        if p is None:
+            return 0, []
+        return p[1], [p[0][i] for i in range(len(self._steps))]
+
+    def steps(self):
+        """The plan's steps (dicts of the artifact: kind, kernel, node, op)."""
+        return list(self._steps)
 
     def __del__(self):
         if getattr(self, "_h", None) and _lib is not None:
@@ -385,6 +412,8 @@ class Module:
             pp[k] = b.data_ptr()
         outs = st.outs
         self._error = None
+        if self._prof is not None:
+            self._prof[1] += 1
         rc = _lib.kiln_module_run(self._h, st.ins, self.n_in, st.ptrs, outs, self._opts,
                                   st.err, 1024)
         if rc != 0:

@@ -4,6 +4,7 @@
  * up as one kernel each (a row loop with two or three passes over the row).
  *
  *   _softmax            m = amax(x); e = exp(x - m); out = e / sum(e)
+ *   _safe_softmax       the same, 0 in rows of only -inf (SDPA's math path)
  *   _log_softmax        out = x - m - log(sum(exp(x - m)))
  *   native_layer_norm   mean = sum(x)/N; var = sum((x-mean)^2)/N;
  *                       rstd = rsqrt(var + eps); out = (x-mean)*rstd*w + b
@@ -56,7 +57,12 @@ int low_softmax(cctx_t *c, lnode_t *n)
 	if (x == NULL)
 		return -ENOMEM;
 	if (x->rank == 0) {
-		const sx_t *v = n->param ? sxf(c, 0, acc) : sxf(c, 1, acc);
+		const sx_t *v = n->param == 1 ? sxf(c, 0, acc) : sxf(c, 1, acc);
+		if (n->param == 2) /* _safe_softmax(-inf) = 0 */
+			v = sx_where(c,
+				     sx_bin(c, OP_EQ, lt_body(c, x),
+					    sxf(c, -INFINITY, acc)),
+				     sxf(c, 0, acc), v);
 		return lset(n, 0, lt_fn(c, odt, 0, NULL, v));
 	}
 	uint32_t mask = 1u << ud;
@@ -73,7 +79,7 @@ int low_softmax(cctx_t *c, lnode_t *n)
 	lt_t *s;
 	if (e == NULL)
 		return -ENOMEM;
-	if (n->param == 0) {
+	if (n->param != 1) {
 		/* exp(x - max) is needed twice: computed once, kept in a
 		 * per-row scratch by the scheduler (or memory) */
 		rc = lt_realize(c, e, (int32_t)n->index, &e);
@@ -85,9 +91,24 @@ int low_softmax(cctx_t *c, lnode_t *n)
 		return rc;
 	const sx_t *sb = lt_bcast_body(c, s, x->rank, x->sizes);
 	const sx_t *out =
-	    n->param == 0
+	    n->param != 1
 		? sx_bin(c, OP_MUL, lt_body(c, e), sx_un(c, OP_RECIP, sb))
 		: sx_bin(c, OP_SUB, sh, sx_un(c, OP_LOG, sb));
+	if (n->param == 2) {
+		/* _safe_softmax: a row of only -inf is 0 (torch: all(x ==
+		 * -inf) along dim) */
+		lt_t *ninf =
+		    lt_fn(c, KILN_DT_BOOL, x->rank, x->sizes,
+			  sx_bin(c, OP_EQ, xb, sxf(c, -INFINITY, acc)));
+		lt_t *all;
+		if (ninf == NULL)
+			return -ENOMEM;
+		rc = lred(n, ninf, mask, true, RED_ALL, KILN_DT_BOOL, &all);
+		if (rc != 0)
+			return rc;
+		out = sx_where(c, lt_bcast_body(c, all, x->rank, x->sizes),
+			       sxf(c, 0, acc), out);
+	}
 	return lset(n, 0, lt_fn(c, odt, x->rank, x->sizes, out));
 }
 

@@ -929,6 +929,7 @@ static const opdef_t optab[] = {
     OPS("std.default", varstd, V_STD),
     OPS("cumsum.default", cumsum, 0),
     OPS("_softmax.default", softmax, 0),
+    OPS("_safe_softmax.default", softmax, 2),
     OPS("_log_softmax.default", softmax, 1),
     OPS("_softmax_backward_data.default", softmax_bw, 0),
     OPS("_log_softmax_backward_data.default", softmax_bw, 1),

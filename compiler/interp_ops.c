@@ -465,19 +465,29 @@ int kiln__op_cumsum(ictx_t *c, int code)
 /* Softmax                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* _softmax / _log_softmax(self, dim, half_to_float) */
+/* _softmax / _log_softmax(self, dim, half_to_float); islog 2:
+ * _safe_softmax(self, dim, dtype=None), whose rows of only -inf are 0 */
 int kiln__op_softmax(ictx_t *c, int islog)
 {
 	it_t *x;
 	int64_t dim;
 	uint32_t d;
-	bool h2f;
+	bool h2f = false;
 	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
 	KI_TRY(need_float(c, x, "input"));
 	KI_TRY(kiln__i_int(c, 1, "dim", KI_REQ, &dim));
-	KI_TRY(kiln__i_bool(c, 2, "half_to_float", false, &h2f));
-	KI_TRY(kiln__i_dim(c, dim, x->rank, &d));
 	kiln_dtype_t odt = x->dt;
+	if (islog == 2) {
+		bool given = false;
+		KI_TRY(kiln__i_dtype(c, 2, "dtype", &odt, &given));
+		if (!given)
+			odt = x->dt;
+		if (!kiln_dtype_is_float(odt))
+			return kiln__i_bad(c, "dtype must be floating");
+	} else {
+		KI_TRY(kiln__i_bool(c, 2, "half_to_float", false, &h2f));
+	}
+	KI_TRY(kiln__i_dim(c, dim, x->rank, &d));
 	if (h2f) {
 		if (odt != KILN_DT_F16 && odt != KILN_DT_BF16)
 			return kiln__i_bad(
@@ -492,14 +502,22 @@ int kiln__op_softmax(ictx_t *c, int islog)
 		for (int64_t i = 0; i < inner; i++) {
 			double m = -INFINITY, s = 0;
 			double *p = v + a * len * inner + i;
-			for (int64_t k = 0; k < len; k++)
+			bool masked = true;
+			for (int64_t k = 0; k < len; k++) {
 				m = p[k * inner] > m ? p[k * inner] : m;
+				masked = masked && p[k * inner] == -INFINITY;
+			}
+			if (islog == 2 && masked) {
+				for (int64_t k = 0; k < len; k++)
+					p[k * inner] = 0;
+				continue;
+			}
 			if (isinf(m))
 				m = 0;
 			for (int64_t k = 0; k < len; k++)
 				s += exp(p[k * inner] - m);
 			for (int64_t k = 0; k < len; k++)
-				p[k * inner] = islog
+				p[k * inner] = islog == 1
 						   ? p[k * inner] - m - log(s)
 						   : exp(p[k * inner] - m) / s;
 		}

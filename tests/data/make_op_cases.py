@@ -438,7 +438,7 @@ def NANROWS():
 
 def build_reductions():
     for op in ["sum", "mean", "prod", "var", "std", "logsumexp", "cumsum", "_softmax",
-               "_log_softmax", "native_layer_norm", "native_layer_norm_backward",
+               "_safe_softmax", "_log_softmax", "native_layer_norm", "native_layer_norm_backward",
                "native_batch_norm", "_native_batch_norm_legit_no_training",
                "_native_batch_norm_legit_functional", "native_batch_norm_backward",
                "native_group_norm", "native_group_norm_backward",
@@ -539,6 +539,18 @@ def build_norms():
         case(op, "empty", lambda x, pk=pk: pk.default(x, 1, False), U(0, 4))
         case(op, "scalar", lambda x, pk=pk: pk.default(x, 0, False), torch.tensor(1.5))
         case(op, "nan", lambda x, pk=pk: pk.default(x, 1, False), NANROWS())
+    seed("safe_softmax")
+    ninf = float("-inf")
+    sm = A._safe_softmax
+    case("_safe_softmax", "last", lambda x, sm=sm: sm.default(x, -1), U(3, 5, lo=-5, hi=5))
+    case("_safe_softmax", "masked_rows", lambda x, sm=sm: sm.default(x, 1),
+         torch.tensor([[0.0, ninf, 1.0], [ninf, ninf, ninf], [ninf, 2.0, 2.0]]))
+    case("_safe_softmax", "dim0_masked", lambda x, sm=sm: sm.default(x, 0),
+         torch.tensor([[ninf, 1.0, ninf], [ninf, 2.0, ninf]]))
+    case("_safe_softmax", "dtype", lambda x, sm=sm: sm.default(x, 1, f64), U(2, 4))
+    case("_safe_softmax", "long_rows", lambda x, sm=sm: sm.default(x, -1), U(4, 37, lo=-5, hi=5))
+    case("_safe_softmax", "scalar_ninf", lambda x, sm=sm: sm.default(x, 0), torch.tensor(ninf))
+    case("_safe_softmax", "nan", lambda x, sm=sm: sm.default(x, 1), NANROWS())
     seed("softmax_bw")
     y = torch.softmax(U(3, 5), 1)
     case("_softmax_backward_data", "f32", lambda g, y: A._softmax_backward_data.default(g, y, 1, f32), U(3, 5), y)

@@ -41,6 +41,7 @@ static const pname_t op_files[] = {
     {"_native_batch_norm_legit_functional"},
     {"_native_batch_norm_legit_no_training"},
     {"_reshape_alias"},
+    {"_safe_softmax"},
     {"_scaled_dot_product_flash_attention_for_cpu"},
     {"_scaled_dot_product_flash_attention_for_cpu_backward"},
     {"_softmax"},

@@ -688,6 +688,14 @@ static const sx_t *bw_taps(cctx_t *c, const conv_t *cv, int64_t OH, int64_t OW,
 	return ok;
 }
 
+/* grad_weight as one product over the whole batch (conv_bw_gemm) where
+ * the images have fewer than CONV_BATCH_COLS_P output positions and a
+ * product per image would make at least this many elements ([N, O, CKK],
+ * then summed over N): ResNet-50's 4² and 8² layers at batch 8 (a [8,
+ * 512, 4608] product of K = 16 took 16 ms of the backward). Smaller ones
+ * keep the product per image (their sums in the order they had). */
+#define CONV_BW_ONE_MIN (1 << 18)
+
 /*
  * The backward of a groups == 1 convolution through BLAS (the forward's
  * im2col + GEMM template, run backwards):
@@ -713,7 +721,47 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	lt_t *go3 = lt_reshape(c, gb, 3, g3);
 	if (go3 == NULL)
 		return -ENOMEM;
-	if (mask[1] && n->n->n_out > 1) {
+	if (mask[1] && n->n->n_out > 1 && N > 1 &&
+	    OH * OW < CONV_BATCH_COLS_P && N * O * CKK >= CONV_BW_ONE_MIN) {
+		/* grad_weight[O, CKK] = gO2 (O x N·OHW) @ colK^T (N·OHW x
+		 * CKK): one product whose K is the batch's positions, where
+		 * a product per image would have K = OHW only */
+		kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
+				    dim_const(N), dim_const(OH), dim_const(OW)};
+		lt_t *col;
+		rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &col);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t k2[2] = {dim_const(CKK), dim_const(N * OH * OW)};
+		lt_t *colk = lt_reshape(c, col, 2, k2);
+		const uint32_t t2[2] = {1, 0};
+		lt_t *colt = colk ? lt_permute(c, colk, t2) : NULL;
+		const uint32_t t3[3] = {1, 0, 2};
+		lt_t *gp = lt_permute(c, go3, t3); /* [O, N, OHW] */
+		if (colt == NULL || gp == NULL)
+			return -ENOMEM;
+		rc = lt_realize(c, gp, (int32_t)n->index, &gp);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t o2[2] = {dim_const(O), dim_const(N * OH * OW)};
+		lt_t *go2 = lt_reshape(c, gp, 2, o2);
+		if (go2 == NULL)
+			return -ENOMEM;
+		lt_t *gw;
+		rc = lgemm(n, go2, colt, acc, &gw); /* [O, CKK] */
+		if (rc != 0)
+			return rc;
+		kiln_dim_t w4[4] = {dim_const(O), dim_const(C), dim_const(KH),
+				    dim_const(KW)};
+		gw = lt_reshape(c, gw, 4, w4);
+		if (gw == NULL)
+			return -ENOMEM;
+		if (cv->nd == 1)
+			gw = lt_squeeze_dim(c, gw, 2);
+		rc = lset(n, 1, gw);
+		if (rc != 0)
+			return rc;
+	} else if (mask[1] && n->n->n_out > 1) {
 		kiln_dim_t cs[6] = {dim_const(N),  dim_const(C),
 				    dim_const(KH), dim_const(KW),
 				    dim_const(OH), dim_const(OW)};

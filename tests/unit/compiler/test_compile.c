@@ -1469,6 +1469,82 @@ Test(conv, grouped_convolutions_of_up_to_64_taps_are_direct)
 	kiln_compiler_free(kc);
 }
 
+/* convolution_backward of a 3x3, padding 1 convolution x [N, C, H, H] ->
+ * [N, O, H, H]: grad_input, grad_weight and grad_bias */
+static kiln_graph_t *conv_bw_graph(int64_t N, int64_t C, int64_t O, int64_t H)
+{
+	gb_t b;
+	const int64_t g4[4] = {N, O, H, H}, x4[4] = {N, C, H, H},
+		      w4[4] = {O, C, 3, 3}, b1[1] = {O};
+	gb_init(&b);
+	graph_head(&b, 3);
+	specn(&b, "f32", g4, 4);
+	specn(&b, "f32", x4, 4);
+	specn(&b, "f32", w4, 4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.convolution_backward.default", 11);
+	ref(&b, 0);
+	ref(&b, 1);
+	ref(&b, 2);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, O);
+	const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+	ints2(&b, one);
+	ints2(&b, one);
+	ints2(&b, one);
+	msgpack_pack_false(&b.pk);
+	ints2(&b, zero);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_array(&b.pk, 3);
+	for (int i = 0; i < 3; i++)
+		msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	specn(&b, "f32", x4, 4);
+	specn(&b, "f32", w4, 4);
+	specn(&b, "f32", b1, 1);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 3);
+	for (uint32_t i = 3; i < 6; i++)
+		ref(&b, i);
+	kiln_graph_t *g = graph_from_json_like("conv backward", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
+/* grad_weight of a batch of small images is one product whose K is every
+ * image's output positions ([O, N·OH·OW] @ [N·OH·OW, C·KH·KW]) where a
+ * product per image would make [N, O, C·KH·KW] of at least 2^18 elements
+ * (ResNet-50's late layers: K = 16 a product before); smaller ones keep
+ * the product per image. Against the interpreter. */
+Test(conv, small_images_weight_gradient_is_one_product)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		int64_t N, C, O, H;
+		const char *prod;
+	} cs[] = {{4, 64, 128, 8, "[128, 576] K=[256]"},
+		  {2, 8, 16, 8, "[2, 16, 72] K=[64]"}};
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		kiln_graph_t *g =
+		    conv_bw_graph(cs[i].N, cs[i].C, cs[i].O, cs[i].H);
+		char what[64];
+		snprintf(
+		    what, sizeof(what), "conv backward [%lld, %lld, %lld²]",
+		    (long long)cs[i].N, (long long)cs[i].C, (long long)cs[i].H);
+		char *rep = NULL;
+		n_kernels(kc, g, &rep);
+		cr_assert(rep != NULL);
+		cr_expect(strstr(rep, cs[i].prod) != NULL, "%s:\n%s", what,
+			  rep);
+		free(rep);
+		expect_matches_interp(kc, g, "default", 60 + i, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* A small convolution (Cg·KH·KW <= 32) with groups 1 takes the direct
  * form only at stride 1 along W and where it is 1x1 over at most 16
  * channels or makes at most 16384 outputs (ops_conv.c direct_ok): at a

@@ -24,7 +24,6 @@
 #include "compiler/lower.h"
 
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MAX_MEMBERS 64
@@ -602,6 +601,119 @@ static void fuse_epilogues(cctx_t *c)
 	}
 }
 
+/* ---- pointwise kernels that transpose -------------------------------------
+ *
+ * A pointwise kernel is vectorized along its last dim. An access strided
+ * along it (a channels-last tensor read or written in NCHW order:
+ * ConvNeXt's permutes around its LayerNorms, whose forward saves [8,
+ * 1280, 8, 8] activations with strides [81920, 1, 10240, 1280]) is a
+ * gather or 16 scalar stores, and the 16 elements of one of its cache
+ * lines (16 channels of one position) are written by 16 vectors that are
+ * a whole channel plane apart in time: each line is fetched and evicted
+ * over and over. Such a kernel's dim d along which that access is
+ * contiguous is split into blocks of TBLK, and the block's inner part
+ * moved just inside the last dim's loop: [N, C, H, W] runs as [N, C/16,
+ * H, 16, W], so a vector's 16 lines are complete after 16 consecutive
+ * iterations (the same values, in another order). */
+#define TBLK 16
+
+struct tscan {
+	cctx_t *c;
+	int32_t kernel;
+	const kernel_t *k;
+	int64_t cnt[CIR_MAX_RANK];
+};
+
+static void count_transposed(struct tscan *t, const kiln_expr_t *idx)
+{
+	uint32_t last = t->k->frank - 1;
+	int64_t cl = 0;
+	if (!ix_coef(idx, last, &cl) || (cl < TBLK && cl > -TBLK))
+		return;
+	for (uint32_t d = 0; d < last; d++) {
+		int64_t cf = 0;
+		if (ix_coef(idx, d, &cf) && cf == 1) {
+			t->cnt[d]++;
+			return;
+		}
+	}
+}
+
+static void count_transposed_load(void *arg, const sx_t *ld)
+{
+	struct tscan *t = arg;
+	const cbuf_t *b = &t->c->bufs[ld->buf];
+	if (ld->b != NULL || (b->kind == CB_TEMP && b->kernel == t->kernel))
+		return;
+	count_transposed(t, ld->idx);
+}
+
+static void block_transposes(cctx_t *c)
+{
+	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
+		kernel_t *k = &c->kernels[ki];
+		if (k->is_row || k->is_gemm || k->is_fallback ||
+		    k->is_epilogue || k->frank < 2 ||
+		    k->frank + 1 > CIR_MAX_RANK || k->n_members > 64)
+			continue;
+		struct tscan t = {c, (int32_t)ki, k, {0}};
+		for (uint32_t i = 0; i < k->n_members; i++) {
+			const kmember_t *m = &k->members[i];
+			const cbuf_t *b = &c->bufs[c->nodes[m->node].buf];
+			sx_each_load(m->body, count_transposed_load, &t);
+			if ((b->in_memory || b->is_output) && m->sidx != NULL)
+				count_transposed(&t, m->sidx);
+		}
+		uint32_t last = k->frank - 1, d = last;
+		for (uint32_t i = 0; i < last; i++) {
+			const kiln_dim_t *sz = &k->fsizes[i];
+			if (t.cnt[i] > 0 && sz->e == NULL && sz->c > TBLK &&
+			    sz->c % TBLK == 0 &&
+			    (d == last || t.cnt[i] > t.cnt[d]))
+				d = i;
+		}
+		if (d == last)
+			continue;
+		/* old var i -> new var: dims before d keep theirs, d is
+		 * (block d)·TBLK + (var last), dims after d move up by
+		 * none, the inner part is new var `last`, the old last dim
+		 * new var last + 1 */
+		const kiln_expr_t *map[CIR_MAX_RANK] = {0};
+		kiln_dim_t sz[CIR_MAX_RANK];
+		for (uint32_t i = 0; i < last; i++) {
+			sz[i] = i == d ? dim_const(k->fsizes[d].c / TBLK)
+				       : k->fsizes[i];
+			map[i] = i == d ? ix_add(c,
+						 ix_mul(c, ix_var(c, d),
+							ix_const(c, TBLK)),
+						 ix_var(c, last))
+					: ix_var(c, i);
+		}
+		sz[last] = dim_const(TBLK);
+		sz[last + 1] = k->fsizes[last];
+		map[last] = ix_var(c, last + 1);
+		const sx_t *body[64];
+		const kiln_expr_t *sidx[64];
+		bool ok = true;
+		for (uint32_t i = 0; i < k->n_members && ok; i++) {
+			const kmember_t *m = &k->members[i];
+			body[i] = sx_subst(c, m->body, map, k->frank);
+			sidx[i] = m->sidx != NULL
+				      ? ix_subst(c, m->sidx, map, k->frank)
+				      : NULL;
+			ok = body[i] != NULL && (m->sidx == NULL || sidx[i]);
+		}
+		if (!ok)
+			continue;
+		for (uint32_t i = 0; i < k->n_members; i++) {
+			k->members[i].body = body[i];
+			k->members[i].sidx = sidx[i];
+		}
+		k->frank++;
+		memcpy(k->fsizes, sz, sizeof(kiln_dim_t) * k->frank);
+	}
+}
+
 int sched_graph(cctx_t *c)
 {
 	for (uint32_t ni = 0; ni < c->n_nodes; ni++) {
@@ -690,6 +802,8 @@ int sched_graph(cctx_t *c)
 			c->bufs[b].in_memory = true;
 	mark_row_local(c);
 	fuse_epilogues(c);
+	if (!c->nofuse)
+		block_transposes(c);
 	return 0;
 }
 

@@ -681,6 +681,20 @@ Test(codegen, outer_vectorized_rows_partial_blocks)
 	kiln_compiler_free(kc);
 }
 
+/* Packs "outputs" (refs first .. first + n - 1), decodes the graph and
+ * frees the buffer. */
+static kiln_graph_t *end_graph(gb_t *b, uint32_t first, uint32_t n,
+			       const char *what)
+{
+	s(b, "outputs");
+	msgpack_pack_array(&b->pk, n);
+	for (uint32_t i = 0; i < n; i++)
+		ref(b, first + i);
+	kiln_graph_t *g = graph_from_json_like(what, &b->sb);
+	msgpack_sbuffer_destroy(&b->sb);
+	return g;
+}
+
 /* sum, amax, argmax and var (two passes) over dim `d` of an f32 input of
  * rank 2 ([R, C], d = 0) or 3 ([4, R, C], d = 1): row kernels vectorized
  * across the columns. */
@@ -711,13 +725,7 @@ static kiln_graph_t *column_reductions_graph(int64_t R, int64_t C, int rank)
 		specn(&b, i == 2 ? "i64" : "f32", rank == 3 ? o3 : o2,
 		      (uint32_t)rank - 1);
 	}
-	s(&b, "outputs");
-	msgpack_pack_array(&b.pk, 4);
-	for (uint32_t i = 1; i <= 4; i++)
-		ref(&b, i);
-	kiln_graph_t *g = graph_from_json_like("column reductions", &b.sb);
-	msgpack_sbuffer_destroy(&b.sb);
-	return g;
+	return end_graph(&b, 1, 4, "column reductions");
 }
 
 /* A unit of a reduction over the rows reduces several blocks of columns
@@ -1424,12 +1432,7 @@ static kiln_graph_t *grouped_conv_graph(int64_t C, int64_t H, int64_t K,
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	specn(&b, "f32", x4, 4);
-	s(&b, "outputs");
-	msgpack_pack_array(&b.pk, 1);
-	ref(&b, 2);
-	kiln_graph_t *g = graph_from_json_like("grouped conv", &b.sb);
-	msgpack_sbuffer_destroy(&b.sb);
-	return g;
+	return end_graph(&b, 2, 1, "grouped conv");
 }
 
 /* Grouped convolutions of 33-64 taps take the direct form where the
@@ -1504,13 +1507,7 @@ static kiln_graph_t *conv_bw_graph(int64_t N, int64_t C, int64_t O, int64_t H)
 	specn(&b, "f32", x4, 4);
 	specn(&b, "f32", w4, 4);
 	specn(&b, "f32", b1, 1);
-	s(&b, "outputs");
-	msgpack_pack_array(&b.pk, 3);
-	for (uint32_t i = 3; i < 6; i++)
-		ref(&b, i);
-	kiln_graph_t *g = graph_from_json_like("conv backward", &b.sb);
-	msgpack_sbuffer_destroy(&b.sb);
-	return g;
+	return end_graph(&b, 3, 3, "conv backward");
 }
 
 /* grad_weight of a batch of small images is one product whose K is every
@@ -2132,12 +2129,7 @@ static kiln_graph_t *embedding_bw_graph(int64_t V, int64_t N, int64_t D)
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	spec2(&b, "f32", V, D);
-	s(&b, "outputs");
-	msgpack_pack_array(&b.pk, 1);
-	ref(&b, 2);
-	kiln_graph_t *g = graph_from_json_like("embedding backward", &b.sb);
-	msgpack_sbuffer_destroy(&b.sb);
-	return g;
+	return end_graph(&b, 2, 1, "embedding backward");
 }
 
 /* kiln lowers a scatter as a reduction over every (output, source) pair:
@@ -2212,12 +2204,7 @@ static kiln_graph_t *transpose_graph(int64_t C, int64_t H, int64_t W, bool x_cl,
 		for (int i = 0; i < 4; i++)
 			msgpack_pack_int64(&b.pk, cl[i]);
 	}
-	s(&b, "outputs");
-	msgpack_pack_array(&b.pk, 1);
-	ref(&b, 1);
-	kiln_graph_t *g = graph_from_json_like("transpose", &b.sb);
-	msgpack_sbuffer_destroy(&b.sb);
-	return g;
+	return end_graph(&b, 1, 1, "transpose");
 }
 
 /* A pointwise kernel that writes (or reads) channels-last while it runs

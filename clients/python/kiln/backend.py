@@ -352,6 +352,7 @@ def _load(data, none_outputs, seeded, settings, kind, rec, graph=None):
         raise _fallback(rec, f"load: {e}", f"the {kind} graph's artifact cannot be loaded: {e}",
                         "internal") from e
     mod._kiln_seeded = seeded
+    mod._kiln_data = data  # the Graph v1 bytes (an AOTAutograd cache hit too)
     t3 = time.perf_counter()
     steps = mod._steps
     kernels = [k.get("name") for k in mod._kernels]

@@ -696,6 +696,67 @@ static const sx_t *bw_taps(cctx_t *c, const conv_t *cv, int64_t OH, int64_t OW,
  * keep the product per image (their sums in the order they had). */
 #define CONV_BW_ONE_MIN (1 << 18)
 
+/* grad_weight [O, CKK] = gO2 (O x N·OHW) @ colK^T (N·OHW x CKK): one
+ * product whose K is the batch's positions. go3: grad_output [N, O,
+ * OHW]. */
+static int bw_weight_one(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *go3,
+			 int64_t KH, int64_t KW, int64_t OW, kiln_dtype_t acc,
+			 lt_t **gw)
+{
+	cctx_t *c = n->c;
+	int64_t N = go3->sizes[0].c, O = go3->sizes[1].c, P = go3->sizes[2].c;
+	int64_t C = x->sizes[1].c, OH = P / OW;
+	kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
+			    dim_const(N), dim_const(OH), dim_const(OW)};
+	lt_t *col;
+	int rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &col);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t k2[2] = {dim_const(C * KH * KW), dim_const(N * P)};
+	lt_t *colk = lt_reshape(c, col, 2, k2);
+	const uint32_t t2[2] = {1, 0};
+	lt_t *colt = colk ? lt_permute(c, colk, t2) : NULL;
+	const uint32_t t3[3] = {1, 0, 2};
+	lt_t *gp = lt_permute(c, go3, t3); /* [O, N, OHW] */
+	if (colt == NULL || gp == NULL)
+		return -ENOMEM;
+	rc = lt_realize(c, gp, (int32_t)n->index, &gp);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t o2[2] = {dim_const(O), dim_const(N * P)};
+	lt_t *go2 = lt_reshape(c, gp, 2, o2);
+	if (go2 == NULL)
+		return -ENOMEM;
+	return lgemm(n, go2, colt, acc, gw);
+}
+
+/* grad_weight [O, CKK] = sum_n gO[n] (O x OHW) @ col[n]^T (OHW x CKK) */
+static int bw_weight_per_image(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *go3,
+			       int64_t KH, int64_t KW, int64_t OW,
+			       kiln_dtype_t acc, lt_t **gw)
+{
+	cctx_t *c = n->c;
+	int64_t N = go3->sizes[0].c, P = go3->sizes[2].c;
+	int64_t C = x->sizes[1].c, OH = P / OW, CKK = C * KH * KW;
+	kiln_dim_t cs[6] = {dim_const(N),  dim_const(C),  dim_const(KH),
+			    dim_const(KW), dim_const(OH), dim_const(OW)};
+	lt_t *col;
+	int rc = im2col(n, x, cv, acc, cs, IV(0), IV(1), 2, 3, &col);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t c3[3] = {dim_const(N), dim_const(CKK), dim_const(P)};
+	lt_t *col3 = lt_reshape(c, col, 3, c3);
+	const uint32_t tr[3] = {0, 2, 1};
+	lt_t *colT = col3 ? lt_permute(c, col3, tr) : NULL;
+	if (colT == NULL)
+		return -ENOMEM;
+	lt_t *p;
+	rc = lgemm(n, go3, colT, acc, &p); /* [N, O, CKK] */
+	if (rc != 0)
+		return rc;
+	return lred(n, p, 1u, false, RED_SUM, acc, gw);
+}
+
 /*
  * The backward of a groups == 1 convolution through BLAS (the forward's
  * im2col + GEMM template, run backwards):
@@ -721,65 +782,14 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	lt_t *go3 = lt_reshape(c, gb, 3, g3);
 	if (go3 == NULL)
 		return -ENOMEM;
-	if (mask[1] && n->n->n_out > 1 && N > 1 &&
-	    OH * OW < CONV_BATCH_COLS_P && N * O * CKK >= CONV_BW_ONE_MIN) {
-		/* grad_weight[O, CKK] = gO2 (O x N·OHW) @ colK^T (N·OHW x
-		 * CKK): one product whose K is the batch's positions, where
-		 * a product per image would have K = OHW only */
-		kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
-				    dim_const(N), dim_const(OH), dim_const(OW)};
-		lt_t *col;
-		rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &col);
-		if (rc != 0)
-			return rc;
-		kiln_dim_t k2[2] = {dim_const(CKK), dim_const(N * OH * OW)};
-		lt_t *colk = lt_reshape(c, col, 2, k2);
-		const uint32_t t2[2] = {1, 0};
-		lt_t *colt = colk ? lt_permute(c, colk, t2) : NULL;
-		const uint32_t t3[3] = {1, 0, 2};
-		lt_t *gp = lt_permute(c, go3, t3); /* [O, N, OHW] */
-		if (colt == NULL || gp == NULL)
-			return -ENOMEM;
-		rc = lt_realize(c, gp, (int32_t)n->index, &gp);
-		if (rc != 0)
-			return rc;
-		kiln_dim_t o2[2] = {dim_const(O), dim_const(N * OH * OW)};
-		lt_t *go2 = lt_reshape(c, gp, 2, o2);
-		if (go2 == NULL)
-			return -ENOMEM;
-		lt_t *gw;
-		rc = lgemm(n, go2, colt, acc, &gw); /* [O, CKK] */
-		if (rc != 0)
-			return rc;
-		kiln_dim_t w4[4] = {dim_const(O), dim_const(C), dim_const(KH),
-				    dim_const(KW)};
-		gw = lt_reshape(c, gw, 4, w4);
-		if (gw == NULL)
-			return -ENOMEM;
-		if (cv->nd == 1)
-			gw = lt_squeeze_dim(c, gw, 2);
-		rc = lset(n, 1, gw);
-		if (rc != 0)
-			return rc;
-	} else if (mask[1] && n->n->n_out > 1) {
-		kiln_dim_t cs[6] = {dim_const(N),  dim_const(C),
-				    dim_const(KH), dim_const(KW),
-				    dim_const(OH), dim_const(OW)};
-		lt_t *col;
-		rc = im2col(n, x, cv, acc, cs, IV(0), IV(1), 2, 3, &col);
-		if (rc != 0)
-			return rc;
-		kiln_dim_t c3[3] = {dim_const(N), dim_const(CKK),
-				    dim_const(OH * OW)};
-		lt_t *col3 = lt_reshape(c, col, 3, c3);
-		const uint32_t tr[3] = {0, 2, 1};
-		lt_t *colT = col3 ? lt_permute(c, col3, tr) : NULL;
-		if (colT == NULL)
-			return -ENOMEM;
-		lt_t *p, *gw;
-		rc = lgemm(n, go3, colT, acc, &p); /* [N, O, CKK] */
-		if (rc == 0)
-			rc = lred(n, p, 1u, false, RED_SUM, acc, &gw);
+	if (mask[1] && n->n->n_out > 1) {
+		lt_t *gw; /* [O, CKK] */
+		if (N > 1 && OH * OW < CONV_BATCH_COLS_P &&
+		    N * O * CKK >= CONV_BW_ONE_MIN)
+			rc = bw_weight_one(n, cv, x, go3, KH, KW, OW, acc, &gw);
+		else
+			rc = bw_weight_per_image(n, cv, x, go3, KH, KW, OW, acc,
+						 &gw);
 		if (rc != 0)
 			return rc;
 		kiln_dim_t w4[4] = {dim_const(O), dim_const(C), dim_const(KH),

@@ -1405,6 +1405,19 @@ Test(conv, direct_form_reads_a_computed_input_once)
 	kiln_compiler_free(kc);
 }
 
+/* A convolution's stride [1, 1], padding [pad, pad], dilation [1, 1],
+ * transposed false, output_padding [0, 0] and groups. */
+static void conv_args_s1(gb_t *b, int64_t pad, int64_t groups)
+{
+	const int64_t one[2] = {1, 1}, p2[2] = {pad, pad}, zero[2] = {0, 0};
+	ints2(b, one);
+	ints2(b, p2);
+	ints2(b, one);
+	msgpack_pack_false(&b->pk);
+	ints2(b, zero);
+	msgpack_pack_int64(&b->pk, groups);
+}
+
 /* x [2, C, H, H] * w [C, C/G, K, K], padding K/2, G groups, no bias */
 static kiln_graph_t *grouped_conv_graph(int64_t C, int64_t H, int64_t K,
 					int64_t G)
@@ -1421,14 +1434,7 @@ static kiln_graph_t *grouped_conv_graph(int64_t C, int64_t H, int64_t K,
 	ref(&b, 0);
 	ref(&b, 1);
 	msgpack_pack_nil(&b.pk);
-	const int64_t one[2] = {1, 1}, pad[2] = {K / 2, K / 2},
-		      zero[2] = {0, 0};
-	ints2(&b, one);
-	ints2(&b, pad);
-	ints2(&b, one);
-	msgpack_pack_false(&b.pk);
-	ints2(&b, zero);
-	msgpack_pack_int64(&b.pk, G);
+	conv_args_s1(&b, K / 2, G);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	specn(&b, "f32", x4, 4);
@@ -1492,13 +1498,7 @@ static kiln_graph_t *conv_bw_graph(int64_t N, int64_t C, int64_t O, int64_t H)
 	ref(&b, 2);
 	msgpack_pack_array(&b.pk, 1);
 	msgpack_pack_int64(&b.pk, O);
-	const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
-	ints2(&b, one);
-	ints2(&b, one);
-	ints2(&b, one);
-	msgpack_pack_false(&b.pk);
-	ints2(&b, zero);
-	msgpack_pack_int64(&b.pk, 1);
+	conv_args_s1(&b, 1, 1);
 	msgpack_pack_array(&b.pk, 3);
 	for (int i = 0; i < 3; i++)
 		msgpack_pack_true(&b.pk);

@@ -290,3 +290,22 @@ def test_explain_reports_fallbacks_and_why(kiln_daemon, daemons, tmp_path, monke
     r = kiln.explain(torch.nn.Linear(8, 8), x, steps=1)
     (g,) = r.graphs
     assert g["kind"] == "dynamo" and g["fallback"] and "kilnd is not available" in g["why"]
+
+
+# ---- tests/bench/bench_models.py's arguments --------------------------------------
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--models", "gpt2,nope"], "unknown model 'nope'"),
+    (["--modes", "fast"], "unknown mode 'fast'"),
+    (["--rounds", "0"], "--rounds and --threads take a positive count"),
+    (["--threads", "-1"], "--rounds and --threads take a positive count"),
+    (["--rounds", "x"], "invalid int value"),
+])
+def test_bench_models_rejects_bad_arguments(args, msg):
+    """A bad argument is a usage error (exit 2) before any model is built."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "bench", "bench_models.py"),
+                        *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert msg in r.stderr, r.stderr
+    assert "== steps" not in r.stdout

@@ -681,6 +681,19 @@ Test(codegen, outer_vectorized_rows_partial_blocks)
 	kiln_compiler_free(kc);
 }
 
+/* Expects the kernels report of g to hold needle (present) or not. */
+static void expect_report_has(kiln_compiler_t *kc, const kiln_graph_t *g,
+			      const char *needle, bool present,
+			      const char *what)
+{
+	char *rep = NULL;
+	n_kernels(kc, g, &rep);
+	cr_assert(rep != NULL, "%s: no report", what);
+	cr_expect_eq(strstr(rep, needle) != NULL, present, "%s:\n%s", what,
+		     rep);
+	free(rep);
+}
+
 /* Packs "outputs" (refs first .. first + n - 1), decodes the graph and
  * frees the buffer. */
 static kiln_graph_t *end_graph(gb_t *b, uint32_t first, uint32_t n,
@@ -752,12 +765,7 @@ Test(codegen, outer_blocks_reduce_columns_side_by_side)
 			 "column reductions of [%s%lld, %lld]",
 			 cs[i].rank == 3 ? "4, " : "", (long long)cs[i].R,
 			 (long long)cs[i].C);
-		char *rep = NULL;
-		n_kernels(kc, g, &rep);
-		cr_assert(rep != NULL);
-		cr_expect_eq(strstr(rep, "blocks of") != NULL, cs[i].blocks,
-			     "%s:\n%s", what, rep);
-		free(rep);
+		expect_report_has(kc, g, "blocks of", cs[i].blocks, what);
 		expect_matches_interp(kc, g, "default", 77 + i, 1e-5, what);
 		kiln_graph_free(g);
 	}
@@ -1466,12 +1474,7 @@ Test(conv, grouped_convolutions_of_up_to_64_taps_are_direct)
 			 (long long)cs[i].K, (long long)cs[i].K,
 			 (long long)cs[i].G, (long long)(cs[i].C / cs[i].G),
 			 (long long)cs[i].H, (long long)cs[i].H);
-		char *rep = NULL;
-		n_kernels(kc, g, &rep);
-		cr_assert(rep != NULL);
-		cr_expect_eq(strstr(rep, cs[i].dims) != NULL, cs[i].direct,
-			     "%s:\n%s", what, rep);
-		free(rep);
+		expect_report_has(kc, g, cs[i].dims, cs[i].direct, what);
 		expect_matches_interp(kc, g, "default", 90 + i, 1e-4, what);
 		kiln_graph_free(g);
 	}
@@ -1530,12 +1533,7 @@ Test(conv, small_images_weight_gradient_is_one_product)
 		snprintf(
 		    what, sizeof(what), "conv backward [%lld, %lld, %lld²]",
 		    (long long)cs[i].N, (long long)cs[i].C, (long long)cs[i].H);
-		char *rep = NULL;
-		n_kernels(kc, g, &rep);
-		cr_assert(rep != NULL);
-		cr_expect(strstr(rep, cs[i].prod) != NULL, "%s:\n%s", what,
-			  rep);
-		free(rep);
+		expect_report_has(kc, g, cs[i].prod, true, what);
 		expect_matches_interp(kc, g, "default", 60 + i, 1e-4, what);
 		kiln_graph_free(g);
 	}
@@ -2140,21 +2138,15 @@ Test(lowering, large_scatters_are_fallback_steps)
 {
 	kiln_compiler_t *kc = new_compiler();
 	kiln_graph_t *small = embedding_bw_graph(512, 32, 64);
-	char *rep = NULL;
-	n_kernels(kc, small, &rep);
-	cr_assert(rep != NULL);
-	cr_expect(strstr(rep, "fallback") == NULL, "%s", rep);
-	free(rep);
+	expect_report_has(kc, small, "fallback", false, "[512, 64] of 32");
 	kiln_graph_free(small);
 	kiln_graph_t *big = embedding_bw_graph(8192, 512, 512);
-	n_kernels(kc, big, &rep);
-	cr_assert(rep != NULL);
-	cr_expect(strstr(rep, "fallback step <- node 0 "
-			      "aten.embedding_dense_backward.default (run by "
-			      "torch: as a dense reduction it would visit "
-			      "more than 4194304 elements") != NULL,
-		  "%s", rep);
-	free(rep);
+	expect_report_has(kc, big,
+			  "fallback step <- node 0 "
+			  "aten.embedding_dense_backward.default (run by "
+			  "torch: as a dense reduction it would visit more "
+			  "than 4194304 elements",
+			  true, "[8192, 512] of 512");
 	kiln_graph_free(big);
 	kiln_compiler_free(kc);
 }
@@ -2233,12 +2225,7 @@ Test(fusion, transposing_pointwise_kernels_run_channels_in_blocks)
 		    what, sizeof(what), "x*2 [2, %lld, %lld, %lld] %s -> %s",
 		    (long long)cs[i].C, (long long)cs[i].H, (long long)cs[i].W,
 		    cs[i].x_cl ? "NHWC" : "NCHW", cs[i].y_cl ? "NHWC" : "NCHW");
-		char *rep = NULL;
-		n_kernels(kc, g, &rep);
-		cr_assert(rep != NULL);
-		cr_expect(strstr(rep, cs[i].dims) != NULL, "%s:\n%s", what,
-			  rep);
-		free(rep);
+		expect_report_has(kc, g, cs[i].dims, true, what);
 		/* (the harness makes contiguous inputs: the report only for
 		 * a channels-last x) */
 		if (!cs[i].x_cl)

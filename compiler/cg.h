@@ -17,6 +17,10 @@ typedef struct cgmemo {
 } cgmemo_t;
 
 #define CG_MAX_HOIST 16
+/* transposed loads a tiled kernel reads through tiles; members it can
+ * store through tiles (sched.c block_transposes takes kernels of up to 64) */
+#define CG_MAX_TILES	    8
+#define CG_MAX_TILE_MEMBERS 64
 
 typedef struct gen {
 	cctx_t *c;
@@ -66,6 +70,17 @@ typedef struct gen {
 	 * buffer with streaming stores (codegen.c nt_setup), or NULL */
 	LLVMValueRef nt_flag[CG_MAX_ARGS];
 	bool any_nt; /* a streaming store was emitted: sfence at the end */
+	/* tiled pointwise kernels (kernel_t.tiled, codegen.c tiles): the
+	 * tile var (-1: none), the width of the tiles in use, the loads read
+	 * from a transposed tile, and per member the tile its stores go to
+	 * (NULL: stored directly) */
+	int tile_var;
+	int tile_w;
+	uint32_t n_tld;
+	const struct sx *tld_e[CG_MAX_TILES];
+	LLVMValueRef tld_mem[CG_MAX_TILES];
+	LLVMValueRef tst_mem[CG_MAX_TILE_MEMBERS];
+	int64_t tst_cv[CG_MAX_TILE_MEMBERS];
 	/* zero page for masked scalar loads */
 	LLVMValueRef zero_page;
 	bool use_libmvec;

@@ -28,6 +28,9 @@
 #include <stdarg.h>
 
 #define CIR_MAX_RANK KILN_MAX_RANK_HARD
+/* the block a transposing pointwise kernel splits a dim into (sched.c
+ * block_transposes, codegen.c tiles) */
+#define CIR_TBLK     16
 #define CIR_MAX_VARS 40
 
 /* ---- scalar expressions -------------------------------------------------- */
@@ -214,6 +217,12 @@ typedef struct kernel {
 	 * step of its own (sched.c fuse_epilogues) */
 	bool is_epilogue;
 	bool has_epilogue; /* is_gemm: runs the next kernel on its blocks */
+	/* a pointwise kernel whose dim frank-2 is the inner part (CIR_TBLK)
+	 * of a dim that some accesses are contiguous along while strided
+	 * along the last (sched.c block_transposes): a unit runs all of it,
+	 * and codegen moves those accesses through tiles transposed in
+	 * registers */
+	bool tiled;
 	uint32_t frank;
 	kiln_dim_t fsizes[CIR_MAX_RANK];
 	uint32_t rmask;

@@ -612,6 +612,20 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 	cctx_t *c = g->c;
 	const cbuf_t *b = &c->bufs[e->buf];
 	int w = g->W;
+	/* a load a tiled kernel transposed for this vector (tiles) */
+	for (uint32_t t = 0; t < g->n_tld; t++) {
+		if (g->tld_e[t] != e)
+			continue;
+		LLVMTypeRef vt = storage_type(g, b->dtype, g->tile_w);
+		LLVMTypeRef at = LLVMArrayType(vt, CIR_TBLK);
+		LLVMValueRef ix[2] = {LLVMConstInt(g->i64, 0, 0),
+				      g->var[g->tile_var]};
+		LLVMValueRef v = LLVMBuildLoad2(
+		    g->b, vt, LLVMBuildGEP2(g->b, at, g->tld_mem[t], ix, 2, ""),
+		    "");
+		LLVMSetAlignment(v, 4);
+		return from_storage(g, v, b->dtype, g->tile_w);
+	}
 	/* a value computed in this kernel at this point? */
 	if (b->kind == CB_TEMP && b->kernel == (int32_t)(g->k - c->kernels)) {
 		for (uint32_t i = 0; i < g->k->n_members; i++) {
@@ -1702,6 +1716,19 @@ static void prefetch_loads(gen_t *g, const sx_t *e, const sx_t **seen, int *n,
 	prefetch_loads(g, e->c, seen, n, depth + 1);
 }
 
+/* Member i's value v at the current point of the tile var into its store
+ * tile (tiles). */
+static void tile_put(gen_t *g, uint32_t i, LLVMValueRef v, int w)
+{
+	const cbuf_t *b = &g->c->bufs[mnode(g, i)->buf];
+	LLVMTypeRef at = LLVMArrayType(storage_type(g, b->dtype, w), CIR_TBLK);
+	LLVMValueRef ix[2] = {K64(g, 0), g->var[g->tile_var]};
+	LLVMValueRef s =
+	    LLVMBuildStore(g->b, to_storage(g, v, b->dtype, w),
+			   LLVMBuildGEP2(g->b, at, g->tst_mem[i], ix, 2, ""));
+	LLVMSetAlignment(s, 4);
+}
+
 /* The body of one loop iteration at width w for the members of pass p. */
 static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 {
@@ -1739,6 +1766,8 @@ static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 				LLVMValueRef st = LLVMBuildStore(g->b, sv, p);
 				LLVMSetAlignment(
 				    st, (unsigned)kiln_dtype_size(cdt));
+			} else if (g->tst_mem[i] != NULL) {
+				tile_put(g, i, v, w);
 			} else if (stored(g, i)) {
 				emit_store(g, mnode(g, i)->buf, m->sidx, v, w);
 			}
@@ -1800,6 +1829,247 @@ static void part_end(gen_t *g, LLVMBasicBlockRef rest)
 	memo_clear(g);
 }
 
+/* ---- tiles: transposes in registers ---------------------------------------
+ *
+ * A tiled pointwise kernel (sched.c block_transposes) runs [..., d/16, ...,
+ * 16, last] with the 16 (the tile var) inside a unit: an access that is
+ * contiguous along d and strided along the last dim (a channels-last
+ * tensor read or written in NCHW order) would be a gather of w lanes a
+ * vector (16-29 cycles on a Zen 5) or w scalar stores. Instead, for each
+ * vector of w lanes along the last dim, such a load reads w vectors of 16
+ * elements contiguous along d (one a lane) and transposes them in
+ * registers into 16 vectors of w lanes, which the loop over the tile var
+ * reads from a tile on the stack; such a store writes into a tile,
+ * transposed after that loop into w vectors of 16 stored contiguously.
+ * The same values in the same order of operations: only the memory
+ * accesses move. Narrower parts than 4 lanes and the scalar rest run the
+ * loop over the tile var as it was (scalar accesses). */
+
+/* The log2(w) stages of a perfect-shuffle transpose over w vectors of 16
+ * lanes, each holding 16/w segments of w lanes that are transposed side by
+ * side: vectors 2i and 2i+1 of a stage are the low and the high interleave,
+ * segment by segment, of vectors i and i + w/2 of the one before (each
+ * one two-operand shuffle: a vpermt2ps or an unpack). After them, segment
+ * s of vector j holds element s·w + j of every input vector, in order. */
+static void tile_zip(gen_t *g, LLVMValueRef *r, int w)
+{
+	LLVMValueRef lo[16], hi[16], t[16];
+	for (int s = 0; s < 16 / w; s++)
+		for (int k = 0; k < w / 2; k++) {
+			int b = s * w;
+			lo[b + 2 * k] =
+			    LLVMConstInt(g->i32, (uint64_t)(b + k), 0);
+			lo[b + 2 * k + 1] =
+			    LLVMConstInt(g->i32, (uint64_t)(16 + b + k), 0);
+			hi[b + 2 * k] =
+			    LLVMConstInt(g->i32, (uint64_t)(b + w / 2 + k), 0);
+			hi[b + 2 * k + 1] = LLVMConstInt(
+			    g->i32, (uint64_t)(16 + b + w / 2 + k), 0);
+		}
+	LLVMValueRef mlo = LLVMConstVector(lo, 16),
+		     mhi = LLVMConstVector(hi, 16);
+	for (int st = 1; st < w; st *= 2) {
+		for (int i = 0; i < w / 2; i++) {
+			t[2 * i] = LLVMBuildShuffleVector(
+			    g->b, r[i], r[i + w / 2], mlo, "");
+			t[2 * i + 1] = LLVMBuildShuffleVector(
+			    g->b, r[i], r[i + w / 2], mhi, "");
+		}
+		memcpy(r, t, sizeof(LLVMValueRef) * (size_t)w);
+	}
+}
+
+/* Lanes [at, at + n) of v, or a and b side by side (n lanes each) when b
+ * is given. */
+static LLVMValueRef tile_lanes(gen_t *g, LLVMValueRef a, LLVMValueRef b, int at,
+			       int n)
+{
+	LLVMValueRef ix[32];
+	int m = b != NULL ? 2 * n : n;
+	for (int l = 0; l < m; l++)
+		ix[l] = LLVMConstInt(g->i32, (uint64_t)(at + l), 0);
+	return LLVMBuildShuffleVector(
+	    g->b, a, b != NULL ? b : LLVMGetUndef(LLVMTypeOf(a)),
+	    LLVMConstVector(ix, (unsigned)m), "");
+}
+
+/* A load tile: rows[l] (l < w) holds the 16 elements along the tile var
+ * at lane l; out[i] gets the w lanes of element i. */
+static void tile_transpose_in(gen_t *g, LLVMValueRef *rows, int w,
+			      LLVMValueRef *out)
+{
+	tile_zip(g, rows, w);
+	for (int j = 0; j < w; j++)
+		for (int s = 0; s < 16 / w; s++)
+			out[s * w + j] =
+			    w == 16 ? rows[j]
+				    : tile_lanes(g, rows[j], NULL, s * w, w);
+}
+
+/* A store tile: rows[i] (i < 16) holds the w lanes of element i along
+ * the tile var; out[l] (l < w) gets the 16 elements of lane l. Rows i, i
+ * + w, ... are first put side by side, a segment each. */
+static void tile_transpose_out(gen_t *g, const LLVMValueRef *rows, int w,
+			       LLVMValueRef *out)
+{
+	for (int i = 0; i < w; i++) {
+		LLVMValueRef seg[16] = {0};
+		int n = 16 / w;
+		for (int s = 0; s < n; s++)
+			seg[s] = rows[i + s * w];
+		for (int len = w; n > 1; len *= 2, n /= 2)
+			for (int s = 0; s < n / 2; s++)
+				seg[s] = tile_lanes(g, seg[2 * s],
+						    seg[2 * s + 1], 0, len);
+		out[i] = seg[0];
+	}
+	tile_zip(g, out, w);
+}
+
+/* Whether an access of dtype dt at idx goes through a tile: 4-byte
+ * elements, coefficient 1 along the tile var and at least CIR_TBLK (in
+ * size) along the vector var, which is *cv. */
+static bool tile_access(gen_t *g, const kiln_expr_t *idx, kiln_dtype_t dt,
+			int64_t *cv)
+{
+	int64_t ct = 0, cl = 0;
+	if (dt == KILN_DT_BOOL || kiln_dtype_size(dt) != 4)
+		return false;
+	if (!ix_coef(idx, (uint32_t)g->tile_var, &ct) || ct != 1)
+		return false;
+	if (!ix_coef(idx, (uint32_t)g->vvar, &cl) ||
+	    (cl < CIR_TBLK && cl > -CIR_TBLK))
+		return false;
+	*cv = cl;
+	return true;
+}
+
+struct tld_scan {
+	gen_t *g;
+	const sx_t *e[CG_MAX_TILES];
+	int64_t cv[CG_MAX_TILES];
+	uint32_t n;
+};
+
+static void tile_find_load(void *arg, const sx_t *e)
+{
+	struct tld_scan *s = arg;
+	gen_t *g = s->g;
+	const cbuf_t *b = &g->c->bufs[e->buf];
+	int64_t cv = 0;
+	if (s->n == CG_MAX_TILES || e->a != NULL || e->b != NULL ||
+	    b->row_local ||
+	    (b->kind == CB_TEMP &&
+	     b->kernel == (int32_t)(g->k - g->c->kernels)) ||
+	    !tile_access(g, e->idx, b->dtype, &cv))
+		return;
+	for (uint32_t i = 0; i < s->n; i++)
+		if (s->e[i] == e)
+			return;
+	s->e[s->n] = e;
+	s->cv[s->n++] = cv;
+}
+
+/* The leaf of a tiled kernel's loops at width w: the loop over the tile
+ * var, with the transposed loads' tiles read before it (w >= 4) and the
+ * transposed stores' tiles written after it. */
+static void gen_tile_leaf(gen_t *g, int w)
+{
+	const kernel_t *k = g->k;
+	int tv = g->tile_var;
+	uint32_t nm = k->n_members;
+	g->n_tld = 0;
+	g->tile_w = w;
+	if (w >= 4) {
+		struct tld_scan sc = {g, {0}, {0}, 0};
+		for (uint32_t i = 0; i < nm; i++)
+			sx_each_load(k->members[i].body, tile_find_load, &sc);
+		g->var[tv] = K64(g, 0);
+		for (uint32_t t = 0; t < sc.n; t++) {
+			const sx_t *e = sc.e[t];
+			kiln_dtype_t dt = g->c->bufs[e->buf].dtype;
+			LLVMTypeRef st = storage_type(g, dt, 1);
+			LLVMTypeRef rt = storage_type(g, dt, CIR_TBLK);
+			LLVMValueRef base = buf_ptr(g, e->buf);
+			LLVMValueRef i0 = emit_ix(g, e->idx);
+			LLVMValueRef rows[16], cols[16];
+			for (int l = 0; l < w; l++) {
+				LLVMValueRef ix = LLVMBuildAdd(
+				    g->b, i0, K64(g, l * sc.cv[t]), "");
+				rows[l] = LLVMBuildLoad2(
+				    g->b, rt,
+				    LLVMBuildGEP2(g->b, st, base, &ix, 1, ""),
+				    "");
+				LLVMSetAlignment(rows[l], 4);
+			}
+			tile_transpose_in(g, rows, w, cols);
+			LLVMTypeRef at =
+			    LLVMArrayType(storage_type(g, dt, w), CIR_TBLK);
+			LLVMValueRef mem = entry_alloca(g, at);
+			for (int i = 0; i < CIR_TBLK; i++) {
+				LLVMValueRef ix[2] = {K64(g, 0), K64(g, i)};
+				LLVMValueRef sv = LLVMBuildStore(
+				    g->b, cols[i],
+				    LLVMBuildGEP2(g->b, at, mem, ix, 2, ""));
+				LLVMSetAlignment(sv, 4);
+			}
+			g->tld_e[t] = e;
+			g->tld_mem[t] = mem;
+		}
+		g->n_tld = sc.n;
+		for (uint32_t i = 0; i < nm && i < CG_MAX_TILE_MEMBERS; i++) {
+			const kmember_t *m = &k->members[i];
+			const cbuf_t *b = &g->c->bufs[mnode(g, i)->buf];
+			if (m->role != ROLE_FULL || m->sidx == NULL ||
+			    b->row_local || !stored(g, i) ||
+			    !tile_access(g, m->sidx, b->dtype, &g->tst_cv[i]))
+				continue;
+			g->tst_mem[i] = entry_alloca(
+			    g, LLVMArrayType(storage_type(g, b->dtype, w),
+					     CIR_TBLK));
+		}
+	}
+	loop_t D;
+	loop_begin(g, &D, K64(g, 0), K64(g, CIR_TBLK), 1);
+	g->var[tv] = D.i;
+	gen_iteration(g, 0, NULL, w);
+	clear_full_vals(g);
+	loop_end_unrolled(g, &D);
+	g->n_tld = 0;
+	g->var[tv] = K64(g, 0);
+	for (uint32_t i = 0; i < nm && i < CG_MAX_TILE_MEMBERS; i++) {
+		if (g->tst_mem[i] == NULL)
+			continue;
+		const cbuf_t *b = &g->c->bufs[mnode(g, i)->buf];
+		kiln_dtype_t dt = b->dtype;
+		LLVMTypeRef vt = storage_type(g, dt, w);
+		LLVMTypeRef at = LLVMArrayType(vt, CIR_TBLK);
+		LLVMValueRef rows[16], cols[16];
+		for (int r = 0; r < CIR_TBLK; r++) {
+			LLVMValueRef ix[2] = {K64(g, 0), K64(g, r)};
+			rows[r] = LLVMBuildLoad2(
+			    g->b, vt,
+			    LLVMBuildGEP2(g->b, at, g->tst_mem[i], ix, 2, ""),
+			    "");
+			LLVMSetAlignment(rows[r], 4);
+		}
+		tile_transpose_out(g, rows, w, cols);
+		LLVMValueRef base = buf_ptr(g, mnode(g, i)->buf);
+		LLVMValueRef i0 = emit_ix(g, k->members[i].sidx);
+		LLVMTypeRef st = storage_type(g, dt, 1);
+		for (int l = 0; l < w; l++) {
+			LLVMValueRef ix = LLVMBuildAdd(
+			    g->b, i0, K64(g, l * g->tst_cv[i]), "");
+			LLVMValueRef sv = LLVMBuildStore(
+			    g->b, cols[l],
+			    LLVMBuildGEP2(g->b, st, base, &ix, 1, ""));
+			LLVMSetAlignment(sv, 4);
+		}
+		g->tst_mem[i] = NULL;
+	}
+	g->W = w;
+}
+
 /* Nested loops over the dims in `dims` (outermost first); the last one is
  * the vectorized var when vec is set. lo/hi bound the last dim. */
 static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
@@ -1807,6 +2077,10 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 		      LLVMValueRef hi)
 {
 	if (at == nd) {
+		if (g->tile_var >= 0) {
+			gen_tile_leaf(g, w);
+			return;
+		}
 		gen_iteration(g, p, acc, w);
 		clear_full_vals(g);
 		return;
@@ -2170,7 +2444,11 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			uint32_t od[CIR_MAX_RANK];
 			LLVMValueRef osz[CIR_MAX_RANK + 1];
 			uint32_t no = 0;
+			/* a tiled kernel's unit runs all of its tile var */
+			bool tiled = k->tiled && f >= 2;
 			for (uint32_t i = 0; i + 1 < f; i++) {
+				if (tiled && i + 2 == f)
+					continue;
 				od[no] = i;
 				osz[no++] = emit_ix(g, ix_dim(c, k->fsizes[i]));
 			}
@@ -2206,7 +2484,9 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			g->span_whole_vectors =
 			    chunked && k->fsizes[last].e == NULL &&
 			    k->fsizes[last].c % W == 0 && PW_CHUNK % W == 0;
+			g->tile_var = tiled ? (int)(f - 2) : -1;
 			gen_loops(g, dims, 1, 0, 0, NULL, W, true, lo, hi);
+			g->tile_var = -1;
 			g->span_whole_vectors = false;
 		}
 	} else {
@@ -2377,8 +2657,12 @@ static void kernel_extent(cctx_t *c, kernel_t *k)
 	int64_t per_unit = 1;
 	if (!k->is_row) {
 		if (f > 0) {
+			/* a tiled kernel's unit runs all of its tile var */
+			bool tiled = k->tiled && f >= 2;
 			for (uint32_t i = 0; i + 1 < f; i++)
-				ext = ix_mul(c, ext, ix_dim(c, k->fsizes[i]));
+				if (!tiled || i + 2 != f)
+					ext = ix_mul(c, ext,
+						     ix_dim(c, k->fsizes[i]));
 			kiln_dim_t last = k->fsizes[f - 1];
 			if (last.e == NULL && last.c <= PW_CHUNK) {
 				per_unit = last.c > 0 ? last.c : 1;
@@ -2392,6 +2676,8 @@ static void kernel_extent(cctx_t *c, kernel_t *k)
 					ix_const(c, PW_CHUNK)));
 				per_unit = PW_CHUNK;
 			}
+			if (tiled)
+				per_unit *= CIR_TBLK;
 		}
 	} else {
 		bool inner_vec = f > 0 && (k->rmask >> (f - 1) & 1);
@@ -4182,6 +4468,7 @@ static void gen_init(gen_t *g, cctx_t *c, void *llvm_ctx, void *llvm_mod)
 	g->c = c;
 	g->red_unroll = RED_UNROLL;
 	g->pf_var = -1;
+	g->tile_var = -1;
 	g->ctx = llvm_ctx;
 	g->mod = llvm_mod;
 	g->b = LLVMCreateBuilderInContext(g->ctx);

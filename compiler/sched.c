@@ -614,8 +614,11 @@ static void fuse_epilogues(cctx_t *c)
  * contiguous is split into blocks of TBLK, and the block's inner part
  * moved just inside the last dim's loop: [N, C, H, W] runs as [N, C/16,
  * H, 16, W], so a vector's 16 lines are complete after 16 consecutive
- * iterations (the same values, in another order). */
-#define TBLK 16
+ * iterations (the same values, in another order). A kernel of at least
+ * TILE_MIN elements is also tiled (kernel_t.tiled): codegen.c moves those
+ * accesses through tiles transposed in registers. */
+#define TBLK	 CIR_TBLK
+#define TILE_MIN (1 << 16)
 
 struct tscan {
 	cctx_t *c;
@@ -664,10 +667,19 @@ static void block_transposes(cctx_t *c)
 			if ((b->in_memory || b->is_output) && m->sidx != NULL)
 				count_transposed(&t, m->sidx);
 		}
+		/* tiles (codegen.c) take compile time, about 10 ms a kernel,
+		 * to save a gather of 16 lanes (16-29 cycles) a vector: only
+		 * for kernels of at least TILE_MIN elements (a blocked dim of
+		 * exactly TBLK changes nothing without them) */
+		int64_t elems = 1;
+		for (uint32_t i = 0; i < k->frank && elems < TILE_MIN; i++)
+			elems *= ix_estimate(c, ix_dim(c, k->fsizes[i]));
+		bool big = elems >= TILE_MIN;
 		uint32_t last = k->frank - 1, d = last;
 		for (uint32_t i = 0; i < last; i++) {
 			const kiln_dim_t *sz = &k->fsizes[i];
-			if (t.cnt[i] > 0 && sz->e == NULL && sz->c > TBLK &&
+			if (t.cnt[i] > 0 && sz->e == NULL &&
+			    (sz->c > TBLK || (big && sz->c == TBLK)) &&
 			    sz->c % TBLK == 0 &&
 			    (d == last || t.cnt[i] > t.cnt[d]))
 				d = i;
@@ -711,6 +723,7 @@ static void block_transposes(cctx_t *c)
 		}
 		k->frank++;
 		memcpy(k->fsizes, sz, sizeof(kiln_dim_t) * k->frank);
+		k->tiled = big;
 	}
 }
 
@@ -1041,6 +1054,8 @@ char *sched_report(cctx_t *c)
 		if (ob > 1)
 			sb_printf(&s, ", %d blocks of %d columns a unit", ob,
 				  c->vec_width);
+		if (k->tiled)
+			sb_printf(&s, ", transposes through tiles of %d", TBLK);
 		if (k->is_epilogue)
 			sb_printf(&s, ", run by %s", c->kernels[ki - 1].name);
 		sb_printf(&s, ", %u member%s\n", k->n_members,

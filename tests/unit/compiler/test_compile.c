@@ -2226,12 +2226,109 @@ Test(fusion, transposing_pointwise_kernels_run_channels_in_blocks)
 		    (long long)cs[i].C, (long long)cs[i].H, (long long)cs[i].W,
 		    cs[i].x_cl ? "NHWC" : "NCHW", cs[i].y_cl ? "NHWC" : "NCHW");
 		expect_report_has(kc, g, cs[i].dims, true, what);
+		expect_report_has(kc, g, "through tiles", false, what);
 		/* (the harness makes contiguous inputs: the report only for
 		 * a channels-last x) */
 		if (!cs[i].x_cl)
 			expect_matches_interp(kc, g, "default", 70 + i, 0,
 					      what);
 		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* A spec {dtype, shape, strides} of rank 4. */
+static void spec4_strided(gb_t *b, const int64_t *d, const int64_t *st)
+{
+	msgpack_pack_map(&b->pk, 3);
+	s(b, "dtype");
+	s(b, "f32");
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, 4);
+	for (int i = 0; i < 4; i++)
+		msgpack_pack_int64(&b->pk, d[i]);
+	s(b, "strides");
+	msgpack_pack_array(&b->pk, 4);
+	for (int i = 0; i < 4; i++)
+		msgpack_pack_int64(&b->pk, st[i]);
+}
+
+/* y = a.permute(0, 3, 1, 2) + b with a [2, H, W, C] and b [2, C, H, W]
+ * (both contiguous), y [2, C, H, W] contiguous or channels-last (y_cl):
+ * a's loads are contiguous along C and C apart along W, and so are y's
+ * stores when y_cl. */
+static kiln_graph_t *tiles_graph(int64_t C, int64_t H, int64_t W, bool y_cl)
+{
+	gb_t b;
+	const int64_t nhwc[4] = {2, H, W, C}, nchw[4] = {2, C, H, W};
+	const int64_t cl[4] = {C * H * W, 1, W * C, C};
+	const int64_t co[4] = {C * H * W, H * W, W, 1};
+	gb_init(&b);
+	graph_head(&b, 2);
+	specn(&b, "f32", nhwc, 4);
+	specn(&b, "f32", nchw, 4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.permute.default", 2);
+	ref(&b, 0);
+	msgpack_pack_array(&b.pk, 4);
+	msgpack_pack_int64(&b.pk, 0);
+	msgpack_pack_int64(&b.pk, 3);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 2);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec4_strided(&b, nchw, cl);
+	node_head(&b, "aten.add.Tensor", 2);
+	ref(&b, 2);
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec4_strided(&b, nchw, y_cl ? cl : co);
+	return end_graph(&b, 3, 1, "tiles");
+}
+
+/* A tiled kernel (one of at least 2^16 elements) reads, and with a
+ * channels-last y writes, its transposed accesses through 16 x w tiles
+ * transposed in registers (codegen.c tiles): no gathers (nor scalar
+ * stores) in its IR, and the outputs exactly the interpreter's, at widths
+ * of 16 (W 64, 20), 8 (W 8) and 4 (W 7, 20) and the scalar rest (W 7),
+ * with 1 to 3 blocks of 16 channels. A smaller one is blocked but keeps
+ * its gathers (the test before). */
+Test(fusion, tiled_kernels_transpose_in_registers)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		int64_t C, H, W;
+	} cs[] = {{32, 32, 64}, {48, 40, 20}, {16, 600, 7}, {32, 128, 8}};
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		for (int y_cl = 0; y_cl < 2; y_cl++) {
+			kiln_graph_t *g =
+			    tiles_graph(cs[i].C, cs[i].H, cs[i].W, y_cl);
+			char what[80], dims[64];
+			snprintf(what, sizeof(what),
+				 "a.permute + b [2, %lld, %lld, %lld] -> %s",
+				 (long long)cs[i].C, (long long)cs[i].H,
+				 (long long)cs[i].W, y_cl ? "NHWC" : "NCHW");
+			snprintf(dims, sizeof(dims),
+				 "[2, %lld, %lld, 16, %lld]",
+				 (long long)(cs[i].C / 16), (long long)cs[i].H,
+				 (long long)cs[i].W);
+			expect_report_has(kc, g, dims, true, what);
+			expect_report_has(kc, g,
+					  "transposes through tiles of 16",
+					  true, what);
+			char *ir = emit_text(kc, g, KILN_EMIT_LLVM_RAW, NULL);
+			cr_expect(strstr(ir, "masked.gather") == NULL,
+				  "%s: gathers", what);
+			cr_expect(strstr(ir, "shufflevector") != NULL,
+				  "%s: no transposes", what);
+			free(ir);
+			expect_matches_interp(kc, g, "default",
+					      (uint64_t)(90 + 2 * i + y_cl), 0,
+					      what);
+			kiln_graph_free(g);
+		}
 	}
 	kiln_compiler_free(kc);
 }

@@ -848,6 +848,66 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	return 0;
 }
 
+/* A depthwise convolution's weight gradient (Cg == Og == 1) whose input x
+ * is channels-last (unit stride along C, as ConvNeXt's blocks leave it):
+ * the direct form below runs along OW, where such an x is C elements apart
+ * (a gather a vector). This one sums over [KH, KW, N, OH, OW, O] with the
+ * channels last and not reduced, so that the row kernel runs them as
+ * vectors (blocks of 16 channels): x and grad_output (made channels-last
+ * first where it is not) are both read contiguously. The sum over (N, OH,
+ * OW) of each weight runs in order, one channel a lane. */
+static int bw_weight_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *x,
+				  lt_t *go, int64_t O, int64_t KH, int64_t KW,
+				  int64_t N, int64_t OH, int64_t OW,
+				  kiln_dtype_t acc)
+{
+	cctx_t *c = n->c;
+	if (!(go->is_buf && go->rank == 4 && dim_is(go->strides[1], 1))) {
+		static const uint32_t nhwc[4] = {0, 2, 3, 1};
+		lt_t *p = lt_permute(c, go, nhwc);
+		if (p == NULL)
+			return -ENOMEM;
+		int rc = lt_realize(c, p, (int32_t)n->index, &p);
+		if (rc != 0)
+			return rc;
+		/* back to [N, O, OH, OW], now over a channels-last buffer */
+		static const uint32_t nchw[4] = {0, 3, 1, 2};
+		go = lt_permute(c, p, nchw);
+		if (go == NULL)
+			return -ENOMEM;
+	}
+	/* vars: 0 kh, 1 kw, 2 n, 3 oh, 4 ow, 5 o (the channels last: not a
+	 * reduced dim, so the row kernel vectorizes them) */
+	kiln_dim_t fs[6] = {dim_const(KH), dim_const(KW), dim_const(N),
+			    dim_const(OH), dim_const(OW), dim_const(O)};
+	const kiln_expr_t *ih =
+	    ix_add(c, ix_mul(c, IV(3), IC(cv->s[0])),
+		   ix_sub(c, ix_mul(c, IV(0), IC(cv->d[0])), IC(cv->p[0])));
+	const kiln_expr_t *iw =
+	    ix_add(c, ix_mul(c, IV(4), IC(cv->s[1])),
+		   ix_sub(c, ix_mul(c, IV(1), IC(cv->d[1])), IC(cv->p[1])));
+	const kiln_expr_t *gi[4] = {IV(2), IV(5), IV(3), IV(4)};
+	const sx_t *body =
+	    sx_bin(c, OP_MUL, sx_cast(c, lt_at(c, go, gi), acc),
+		   sx_cast(c, xin(c, x, IV(2), IV(5), ih, iw), acc));
+	lt_t *full = lt_fn(c, acc, 6, fs, body);
+	if (full == NULL)
+		return -ENOMEM;
+	lt_t *r; /* [KH, KW, O] */
+	int rc = lred(n, full, (1u << 2) | (1u << 3) | (1u << 4), false,
+		      RED_SUM, acc, &r);
+	if (rc != 0)
+		return rc;
+	static const uint32_t okk[3] = {2, 0, 1};
+	lt_t *gw = lt_permute(c, r, okk);
+	gw = gw ? lt_unsqueeze(c, gw, 1) : NULL; /* [O, 1, KH, KW] */
+	if (gw == NULL)
+		return -ENOMEM;
+	if (cv->nd == 1)
+		gw = lt_squeeze_dim(c, gw, 2);
+	return gw ? lset(n, 1, gw) : -ENOMEM;
+}
+
 int low_convolution_backward(cctx_t *c, lnode_t *n)
 {
 	lt_t *go0, *x0, *w0;
@@ -940,7 +1000,13 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		if (rc != 0)
 			return rc;
 	}
-	if (mask[1] && n->n->n_out > 1) {
+	if (mask[1] && n->n->n_out > 1 && Cg == 1 && Og == 1 && KH * KW > 1 &&
+	    O >= 16 && x->is_buf && x->rank == 4 && dim_is(x->strides[1], 1)) {
+		rc = bw_weight_depthwise_cl(n, &cv, x, go, O, KH, KW, N, OH, OW,
+					    acc);
+		if (rc != 0)
+			return rc;
+	} else if (mask[1] && n->n->n_out > 1) {
 		/* gW over [O, Cg, KH, KW, N, OH, OW], reduce (N, OH, OW) */
 		kiln_dim_t fs[7] = {dim_const(O),  dim_const(Cg), dim_const(KH),
 				    dim_const(KW), dim_const(N),  dim_const(OH),

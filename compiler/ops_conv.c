@@ -908,6 +908,47 @@ static int bw_weight_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *x,
 	return gw ? lset(n, 1, gw) : -ENOMEM;
 }
 
+struct clvote {
+	/* loads contiguous along C (var 1) and 16 or more apart along W
+	 * (var 3); loads contiguous along W. Loads that do not move with W
+	 * (a per-channel parameter) do not count. */
+	int64_t c, w;
+};
+
+static void clvote_load(void *arg, const sx_t *ld)
+{
+	struct clvote *v = arg;
+	int64_t k = 0;
+	if (ld->b != NULL)
+		return;
+	int64_t kw = 0;
+	if (!ix_coef(ld->idx, 3, &kw))
+		return;
+	if (kw == 1)
+		v->w++;
+	else if ((kw >= 16 || kw <= -16) && ix_coef(ld->idx, 1, &k) && k == 1)
+		v->c++;
+}
+
+/* Whether an [N, C, H, W] value reads channels-last data at least as
+ * often as data contiguous along W (a channels-last grad_output, or one
+ * computed from channels-last activations: ConvNeXt's GELU backward over
+ * its saved inputs). A sum over (N, H, W) of it then runs with the
+ * channels as vectors: a channels-last read is a contiguous load there,
+ * where along W it was a gather whose cache lines every channel's unit
+ * fetched again; a read along W becomes a gather whose lines stay in L1
+ * while W advances. */
+static bool reads_channels_last(const lt_t *t)
+{
+	if (t->rank != 4)
+		return false;
+	if (t->is_buf)
+		return dim_is(t->strides[1], 1) && !dim_is(t->strides[3], 1);
+	struct clvote v = {0, 0};
+	sx_each_load(t->body, clvote_load, &v);
+	return v.c > 0 && v.c >= v.w;
+}
+
 int low_convolution_backward(cctx_t *c, lnode_t *n)
 {
 	lt_t *go0, *x0, *w0;
@@ -1036,8 +1077,17 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 				      sx_cast(c, lt_body(c, go), acc));
 		if (g == NULL)
 			return -ENOMEM;
-		rc = lred(n, g, 1u | (1u << 2) | (1u << 3), false, RED_SUM, acc,
-			  &gb);
+		if (reads_channels_last(g)) {
+			/* over [N, H, W, C]: the channels are the row
+			 * kernel's vectors, the reads contiguous along them */
+			static const uint32_t nhwc[4] = {0, 2, 3, 1};
+			lt_t *p = lt_permute(c, g, nhwc);
+			rc = p ? lred(n, p, 7u, false, RED_SUM, acc, &gb)
+			       : -ENOMEM;
+		} else {
+			rc = lred(n, g, 1u | (1u << 2) | (1u << 3), false,
+				  RED_SUM, acc, &gb);
+		}
 		if (rc == 0)
 			rc = lset(n, 2, gb);
 		if (rc != 0)

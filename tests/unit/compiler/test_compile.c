@@ -1623,6 +1623,72 @@ Test(conv, depthwise_weight_gradient_of_channels_last_runs_along_channels)
 	kiln_compiler_free(kc);
 }
 
+/* convolution_backward of a 1x1 convolution whose grad_output is g * x,
+ * with x the convolution's input given channels-last (a permuted [2, H,
+ * H, C] input) when x_cl, else contiguous, and g contiguous */
+static kiln_graph_t *bias_bw_graph(int64_t C, int64_t H, bool x_cl)
+{
+	gb_t b;
+	const int64_t g4[4] = {2, C, H, H}, nhwc[4] = {2, H, H, C},
+		      w4[4] = {C, C, 1, 1}, b1[1] = {C};
+	gb_init(&b);
+	graph_head(&b, 3);
+	specn(&b, "f32", g4, 4);
+	specn(&b, "f32", x_cl ? nhwc : g4, 4);
+	specn(&b, "f32", w4, 4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, x_cl ? 3 : 2);
+	if (x_cl)
+		nhwc_to_nchw(&b, 1, 2, C, H, H); /* value 3 */
+	uint32_t x = x_cl ? 3 : 1, go = x_cl ? 4 : 3;
+	node_head(&b, "aten.mul.Tensor", 2);
+	ref(&b, 0);
+	ref(&b, x);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", g4, 4);
+	node_head(&b, "aten.convolution_backward.default", 11);
+	ref(&b, go);
+	ref(&b, x);
+	ref(&b, 2);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, C);
+	conv_args_s1(&b, 0, 1);
+	msgpack_pack_array(&b.pk, 3);
+	for (int i = 0; i < 3; i++)
+		msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	specn(&b, "f32", g4, 4);
+	specn(&b, "f32", w4, 4);
+	specn(&b, "f32", b1, 1);
+	return end_graph(&b, go + 1, 3, "conv backward, grad_output g * x");
+}
+
+/* A convolution's grad_bias (the sum over N, H, W of grad_output) runs
+ * with the channels as vectors ([2*, H*, W*, C]) where grad_output reads
+ * channels-last data at least as often as data contiguous along W
+ * (ConvNeXt's GELU backward over its saved channels-last activations:
+ * those sums 31 -> 13 ms a training step), and along W otherwise (here g
+ * * x with x contiguous; a per-channel parameter does not count). All
+ * three gradients against the interpreter. */
+Test(conv, bias_gradient_of_channels_last_reads_runs_along_channels)
+{
+	kiln_compiler_t *kc = new_compiler();
+	for (int x_cl = 0; x_cl < 2; x_cl++) {
+		kiln_graph_t *g = bias_bw_graph(32, 8, x_cl);
+		const char *what = x_cl ? "grad_bias of g * x, x channels-last"
+					: "grad_bias of g * x, x contiguous";
+		expect_report_has(kc, g, "row kernel [2*, 8*, 8*, 32]", x_cl,
+				  what);
+		expect_report_has(kc, g, "row kernel [2*, 32, 8*, 8*]", !x_cl,
+				  what);
+		expect_matches_interp(kc, g, "default", 130 + x_cl, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* grad_weight of a batch of small images is one product whose K is every
  * image's output positions ([O, N·OH·OW] @ [N·OH·OW, C·KH·KW]) where a
  * product per image would make [N, O, C·KH·KW] of at least 2^18 elements

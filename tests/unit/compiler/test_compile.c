@@ -1481,13 +1481,38 @@ Test(conv, grouped_convolutions_of_up_to_64_taps_are_direct)
 	kiln_compiler_free(kc);
 }
 
+/* A convolution_backward node (stride 1, padding pad, groups) of values
+ * go, x and w, asking for all three gradients: grad_input of x4's shape,
+ * grad_weight of w4's, grad_bias [w4[0]]. */
+static void conv_bw_node(gb_t *b, uint32_t go, uint32_t x, uint32_t w,
+			 const int64_t *x4, const int64_t *w4, int64_t pad,
+			 int64_t groups)
+{
+	const int64_t b1[1] = {w4[0]};
+	node_head(b, "aten.convolution_backward.default", 11);
+	ref(b, go);
+	ref(b, x);
+	ref(b, w);
+	msgpack_pack_array(&b->pk, 1);
+	msgpack_pack_int64(&b->pk, w4[0]);
+	conv_args_s1(b, pad, groups);
+	msgpack_pack_array(&b->pk, 3);
+	for (int i = 0; i < 3; i++)
+		msgpack_pack_true(&b->pk);
+	s(b, "out");
+	msgpack_pack_array(&b->pk, 3);
+	specn(b, "f32", x4, 4);
+	specn(b, "f32", w4, 4);
+	specn(b, "f32", b1, 1);
+}
+
 /* convolution_backward of a 3x3, padding 1 convolution x [N, C, H, H] ->
  * [N, O, H, H]: grad_input, grad_weight and grad_bias */
 static kiln_graph_t *conv_bw_graph(int64_t N, int64_t C, int64_t O, int64_t H)
 {
 	gb_t b;
 	const int64_t g4[4] = {N, O, H, H}, x4[4] = {N, C, H, H},
-		      w4[4] = {O, C, 3, 3}, b1[1] = {O};
+		      w4[4] = {O, C, 3, 3};
 	gb_init(&b);
 	graph_head(&b, 3);
 	specn(&b, "f32", g4, 4);
@@ -1495,21 +1520,7 @@ static kiln_graph_t *conv_bw_graph(int64_t N, int64_t C, int64_t O, int64_t H)
 	specn(&b, "f32", w4, 4);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
-	node_head(&b, "aten.convolution_backward.default", 11);
-	ref(&b, 0);
-	ref(&b, 1);
-	ref(&b, 2);
-	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_int64(&b.pk, O);
-	conv_args_s1(&b, 1, 1);
-	msgpack_pack_array(&b.pk, 3);
-	for (int i = 0; i < 3; i++)
-		msgpack_pack_true(&b.pk);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 3);
-	specn(&b, "f32", x4, 4);
-	specn(&b, "f32", w4, 4);
-	specn(&b, "f32", b1, 1);
+	conv_bw_node(&b, 0, 1, 2, x4, w4, 1, 1);
 	return end_graph(&b, 3, 3, "conv backward");
 }
 
@@ -1555,7 +1566,7 @@ static kiln_graph_t *dw_bw_graph(int64_t C, int64_t H, bool go_cl)
 {
 	gb_t b;
 	const int64_t g4[4] = {2, C, H, H}, nhwc[4] = {2, H, H, C},
-		      w4[4] = {C, 1, 7, 7}, b1[1] = {C};
+		      w4[4] = {C, 1, 7, 7};
 	gb_init(&b);
 	graph_head(&b, 3);
 	specn(&b, "f32", go_cl ? nhwc : g4, 4);
@@ -1566,27 +1577,7 @@ static kiln_graph_t *dw_bw_graph(int64_t C, int64_t H, bool go_cl)
 	nhwc_to_nchw(&b, 1, 2, C, H, H); /* value 3 */
 	if (go_cl)
 		nhwc_to_nchw(&b, 0, 2, C, H, H); /* value 4 */
-	node_head(&b, "aten.convolution_backward.default", 11);
-	ref(&b, go_cl ? 4 : 0);
-	ref(&b, 3);
-	ref(&b, 2);
-	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_int64(&b.pk, C);
-	const int64_t one[2] = {1, 1}, p3[2] = {3, 3}, zero[2] = {0, 0};
-	ints2(&b, one);
-	ints2(&b, p3);
-	ints2(&b, one);
-	msgpack_pack_false(&b.pk);
-	ints2(&b, zero);
-	msgpack_pack_int64(&b.pk, C);
-	msgpack_pack_array(&b.pk, 3);
-	for (int i = 0; i < 3; i++)
-		msgpack_pack_true(&b.pk);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 3);
-	specn(&b, "f32", g4, 4);
-	specn(&b, "f32", w4, 4);
-	specn(&b, "f32", b1, 1);
+	conv_bw_node(&b, go_cl ? 4 : 0, 3, 2, g4, w4, 3, C);
 	return end_graph(&b, go_cl ? 5 : 4, 3, "depthwise conv backward");
 }
 
@@ -1630,7 +1621,7 @@ static kiln_graph_t *bias_bw_graph(int64_t C, int64_t H, bool x_cl)
 {
 	gb_t b;
 	const int64_t g4[4] = {2, C, H, H}, nhwc[4] = {2, H, H, C},
-		      w4[4] = {C, C, 1, 1}, b1[1] = {C};
+		      w4[4] = {C, C, 1, 1};
 	gb_init(&b);
 	graph_head(&b, 3);
 	specn(&b, "f32", g4, 4);
@@ -1647,21 +1638,7 @@ static kiln_graph_t *bias_bw_graph(int64_t C, int64_t H, bool x_cl)
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	specn(&b, "f32", g4, 4);
-	node_head(&b, "aten.convolution_backward.default", 11);
-	ref(&b, go);
-	ref(&b, x);
-	ref(&b, 2);
-	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_int64(&b.pk, C);
-	conv_args_s1(&b, 0, 1);
-	msgpack_pack_array(&b.pk, 3);
-	for (int i = 0; i < 3; i++)
-		msgpack_pack_true(&b.pk);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 3);
-	specn(&b, "f32", g4, 4);
-	specn(&b, "f32", w4, 4);
-	specn(&b, "f32", b1, 1);
+	conv_bw_node(&b, go, x, 2, g4, w4, 0, 1);
 	return end_graph(&b, go + 1, 3, "conv backward, grad_output g * x");
 }
 

@@ -2316,19 +2316,10 @@ static kiln_graph_t *transpose_graph(int64_t C, int64_t H, int64_t W, bool x_cl,
 	const int64_t cl[4] = {C * H * W, 1, W * C, C};
 	gb_init(&b);
 	graph_head(&b, 1);
-	msgpack_pack_map(&b.pk, x_cl ? 3 : 2);
-	s(&b, "dtype");
-	s(&b, "f32");
-	s(&b, "shape");
-	msgpack_pack_array(&b.pk, 4);
-	for (int i = 0; i < 4; i++)
-		msgpack_pack_int64(&b.pk, d4[i]);
-	if (x_cl) {
-		s(&b, "strides");
-		msgpack_pack_array(&b.pk, 4);
-		for (int i = 0; i < 4; i++)
-			msgpack_pack_int64(&b.pk, cl[i]);
-	}
+	if (x_cl)
+		spec4_strided(&b, d4, cl);
+	else
+		specn(&b, "f32", d4, 4);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
 	node_head(&b, "aten.mul.Tensor", 2);
@@ -2336,19 +2327,10 @@ static kiln_graph_t *transpose_graph(int64_t C, int64_t H, int64_t W, bool x_cl,
 	msgpack_pack_double(&b.pk, 2.0);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, y_cl ? 3 : 2);
-	s(&b, "dtype");
-	s(&b, "f32");
-	s(&b, "shape");
-	msgpack_pack_array(&b.pk, 4);
-	for (int i = 0; i < 4; i++)
-		msgpack_pack_int64(&b.pk, d4[i]);
-	if (y_cl) {
-		s(&b, "strides");
-		msgpack_pack_array(&b.pk, 4);
-		for (int i = 0; i < 4; i++)
-			msgpack_pack_int64(&b.pk, cl[i]);
-	}
+	if (y_cl)
+		spec4_strided(&b, d4, cl);
+	else
+		specn(&b, "f32", d4, 4);
 	return end_graph(&b, 1, 1, "transpose");
 }
 

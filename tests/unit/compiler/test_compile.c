@@ -1646,7 +1646,7 @@ static kiln_graph_t *bias_bw_graph(int64_t C, int64_t H, bool x_cl)
  * with the channels as vectors ([2*, H*, W*, C]) where grad_output reads
  * channels-last data at least as often as data contiguous along W
  * (ConvNeXt's GELU backward over its saved channels-last activations:
- * those sums 31 -> 13 ms a training step), and along W otherwise (here g
+ * its 17 such sums 24 -> 8 ms a training step), and along W otherwise (here g
  * * x with x contiguous; a per-channel parameter does not count). All
  * three gradients against the interpreter. */
 Test(conv, bias_gradient_of_channels_last_reads_runs_along_channels)

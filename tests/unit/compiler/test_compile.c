@@ -2388,16 +2388,7 @@ static kiln_graph_t *tiles_graph(int64_t C, int64_t H, int64_t W, bool y_cl)
 	specn(&b, "f32", nchw, 4);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2);
-	node_head(&b, "aten.permute.default", 2);
-	ref(&b, 0);
-	msgpack_pack_array(&b.pk, 4);
-	msgpack_pack_int64(&b.pk, 0);
-	msgpack_pack_int64(&b.pk, 3);
-	msgpack_pack_int64(&b.pk, 1);
-	msgpack_pack_int64(&b.pk, 2);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 1);
-	spec4_strided(&b, nchw, cl);
+	nhwc_to_nchw(&b, 0, 2, C, H, W); /* value 2 */
 	node_head(&b, "aten.add.Tensor", 2);
 	ref(&b, 2);
 	ref(&b, 1);

@@ -848,6 +848,12 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	return 0;
 }
 
+/* A rank-4 buffer view with unit stride along dim 1 (channels-last). */
+static bool chan_unit(const lt_t *t)
+{
+	return t->is_buf && t->rank == 4 && dim_is(t->strides[1], 1);
+}
+
 /* A depthwise convolution's weight gradient (Cg == Og == 1) whose input x
  * is channels-last (unit stride along C, as ConvNeXt's blocks leave it):
  * the direct form below runs along OW, where such an x is C elements apart
@@ -862,7 +868,7 @@ static int bw_weight_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *x,
 				  kiln_dtype_t acc)
 {
 	cctx_t *c = n->c;
-	if (!(go->is_buf && go->rank == 4 && dim_is(go->strides[1], 1))) {
+	if (!chan_unit(go)) {
 		static const uint32_t nhwc[4] = {0, 2, 3, 1};
 		lt_t *p = lt_permute(c, go, nhwc);
 		if (p == NULL)
@@ -918,11 +924,8 @@ struct clvote {
 static void clvote_load(void *arg, const sx_t *ld)
 {
 	struct clvote *v = arg;
-	int64_t k = 0;
-	if (ld->b != NULL)
-		return;
-	int64_t kw = 0;
-	if (!ix_coef(ld->idx, 3, &kw))
+	int64_t k = 0, kw = 0;
+	if (ld->b != NULL || !ix_coef(ld->idx, 3, &kw))
 		return;
 	if (kw == 1)
 		v->w++;
@@ -943,7 +946,7 @@ static bool reads_channels_last(const lt_t *t)
 	if (t->rank != 4)
 		return false;
 	if (t->is_buf)
-		return dim_is(t->strides[1], 1) && !dim_is(t->strides[3], 1);
+		return chan_unit(t) && !dim_is(t->strides[3], 1);
 	struct clvote v = {0, 0};
 	sx_each_load(t->body, clvote_load, &v);
 	return v.c > 0 && v.c >= v.w;
@@ -1042,7 +1045,7 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 			return rc;
 	}
 	if (mask[1] && n->n->n_out > 1 && Cg == 1 && Og == 1 && KH * KW > 1 &&
-	    O >= 16 && x->is_buf && x->rank == 4 && dim_is(x->strides[1], 1)) {
+	    O >= 16 && chan_unit(x)) {
 		rc = bw_weight_depthwise_cl(n, &cv, x, go, O, KH, KW, N, OH, OW,
 					    acc);
 		if (rc != 0)

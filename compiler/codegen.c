@@ -2300,21 +2300,24 @@ static void hoist_pass(gen_t *g, int32_t p, uint64_t rvars)
 	free(inv);
 }
 
-static bool kernel_has_transcendental(gen_t *g)
+/* The pass of a row kernel that prefetches the next row: the first whose
+ * body has a transcendental (softmax's exp pass), where the row's own data
+ * is in L1 and the compute is long enough to hide the next row's misses;
+ * -1 (none) for a kernel without one. A row of 1024 f32 is a 4 KB page,
+ * where the hardware prefetchers stop. Prefetching in the first pass
+ * instead, while that pass's own loads miss, had cost softmax (whose
+ * scratch is its output's row) 15-20% at 64 MB; from its exp pass it
+ * gains 20-35% at 4-16 MB (compiler/README.md, mathfn). */
+static int32_t prefetch_pass(gen_t *g)
 {
-	for (uint32_t i = 0; i < g->k->n_members; i++)
-		if (sx_has_transcendental(g->k->members[i].body))
-			return true;
-	return false;
-}
-
-/* Whether a row scratch of the kernel lives in an output's row. */
-static bool kernel_has_row_out(gen_t *g)
-{
-	for (uint32_t i = 0; i < g->k->n_members; i++)
-		if (g->c->bufs[mnode(g, i)->buf].row_out != 0)
-			return true;
-	return false;
+	for (int32_t p = 0; p < g->k->n_passes; p++)
+		for (uint32_t i = 0; i < g->k->n_members; i++) {
+			const kmember_t *m = &g->k->members[i];
+			if (m->pass == p && m->role != ROLE_ROW &&
+			    sx_has_transcendental(m->body))
+				return p;
+		}
+	return -1;
 }
 
 /* Accumulators per reduction in pass p's vector loop (RED_UNROLL_HEAVY
@@ -2332,84 +2335,6 @@ static int pass_unroll(gen_t *g, int32_t p)
 	return RED_UNROLL;
 }
 
-/* One unit of a row kernel. uw: the unit's width (outer-vectorized: W lanes
- * = W rows; inner-vectorized: 1). */
-static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
-{
-	const kernel_t *k = g->k;
-	uint32_t rd[CIR_MAX_RANK], nr = 0;
-	for (uint32_t i = 0; i < k->frank; i++)
-		if (k->rmask >> i & 1)
-			rd[nr++] = i;
-	racc_t acc[64];
-	for (uint32_t i = 0; i < k->n_members; i++)
-		g->mval[i] = NULL;
-	memo_clear(g);
-	gen_row_members(g, -1, uw);
-	for (int32_t p = 0; p < k->n_passes; p++) {
-		int lw = inner_vec ? g->c->vec_width : uw;
-		g->red_unroll = pass_unroll(g, p);
-		/* the first pass brings the row in: it prefetches the next
-		 * where the row's compute is long enough to hide it, unless
-		 * a scratch lives in the output's row (softmax since
-		 * row_in_output: the prefetch then cost 15-20% at 64 MB) */
-		g->pf_on = p == 0 && inner_vec && g->pf_var >= 0 &&
-			   kernel_has_transcendental(g) &&
-			   !kernel_has_row_out(g);
-		for (uint32_t i = 0; i < k->n_members; i++) {
-			const kmember_t *m = &k->members[i];
-			if (m->pass == p && m->role == ROLE_RED) {
-				const cnode_t *n = mnode(g, i);
-				kiln_dtype_t dt = (kiln_dtype_t)n->body->dt;
-				racc_init(g, &acc[i], n->red, dt, lw);
-			}
-		}
-		uint64_t rvars = 0;
-		for (uint32_t i = 0; i < nr; i++)
-			rvars |= 1ull << rd[i];
-		g->W = uw;
-		hoist_pass(g, p, rvars);
-		memo_clear(g);
-		gen_loops(g, rd, nr, 0, p, acc, lw, inner_vec, NULL, NULL);
-		memo_clear(g);
-		g->n_hoist = 0;
-		g->W = uw;
-		/* finalize */
-		for (uint32_t i = 0; i < k->n_members; i++) {
-			const kmember_t *m = &k->members[i];
-			if (m->pass != p || m->role != ROLE_RED)
-				continue;
-			const cnode_t *n = mnode(g, i);
-			LLVMValueRef val, idx = NULL;
-			if (inner_vec) {
-				racc_final_scalar(g, &acc[i], &val, &idx);
-			} else {
-				racc_t *r = &acc[i];
-				val = LLVMBuildLoad2(
-				    g->b, cg_type(g, r->dt, uw), r->v, "");
-				if (r->i)
-					idx = LLVMBuildLoad2(
-					    g->b, cg_type(g, KILN_DT_I64, uw),
-					    r->i, "");
-			}
-			LLVMValueRef res =
-			    n->red == RED_ARGMAX || n->red == RED_ARGMIN ? idx
-									 : val;
-			kiln_dtype_t bdt = g->c->bufs[n->buf].dtype;
-			kiln_dtype_t rdt =
-			    n->red == RED_ARGMAX || n->red == RED_ARGMIN
-				? KILN_DT_I64
-				: (kiln_dtype_t)n->body->dt;
-			res = emit_cast(g, res, rdt, compute_dtype(bdt), uw);
-			g->mval[i] = res;
-			g->mval_width[i] = uw;
-			if (stored(g, i))
-				emit_store(g, n->buf, m->sidx, res, uw);
-		}
-		gen_row_members(g, p, uw);
-	}
-}
-
 /* Decomposes unit index u into the vars of `dims` (row-major). */
 static void decompose(gen_t *g, LLVMValueRef u, const uint32_t *dims,
 		      uint32_t nd, const LLVMValueRef *sizes)
@@ -2421,6 +2346,208 @@ static void decompose(gen_t *g, LLVMValueRef u, const uint32_t *dims,
 		}
 		g->var[dims[j]] = LLVMBuildURem(g->b, u, sizes[j], "");
 		u = LLVMBuildUDiv(g->b, u, sizes[j], "");
+	}
+}
+
+/* Pass p of a row unit: its loops over the reduced dims, then its
+ * reductions' final values (and stores) and the row members computed after
+ * it. rd/nr: the reduced dims. */
+static void gen_pass(gen_t *g, int32_t p, int uw, bool inner_vec, racc_t *acc,
+		     const uint32_t *rd, uint32_t nr, int32_t pf_pass)
+{
+	const kernel_t *k = g->k;
+	int lw = inner_vec ? g->c->vec_width : uw;
+	g->red_unroll = pass_unroll(g, p);
+	/* the pass with the row's heavy compute prefetches the next row's
+	 * lines (prefetch_loads) */
+	g->pf_on = p == pf_pass && inner_vec && g->pf_var >= 0;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		if (m->pass == p && m->role == ROLE_RED) {
+			const cnode_t *n = mnode(g, i);
+			kiln_dtype_t dt = (kiln_dtype_t)n->body->dt;
+			racc_init(g, &acc[i], n->red, dt, lw);
+		}
+	}
+	uint64_t rvars = 0;
+	for (uint32_t i = 0; i < nr; i++)
+		rvars |= 1ull << rd[i];
+	g->W = uw;
+	hoist_pass(g, p, rvars);
+	memo_clear(g);
+	gen_loops(g, rd, nr, 0, p, acc, lw, inner_vec, NULL, NULL);
+	memo_clear(g);
+	g->n_hoist = 0;
+	g->W = uw;
+	g->pf_on = false;
+	/* finalize */
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		if (m->pass != p || m->role != ROLE_RED)
+			continue;
+		const cnode_t *n = mnode(g, i);
+		LLVMValueRef val, idx = NULL;
+		if (inner_vec) {
+			racc_final_scalar(g, &acc[i], &val, &idx);
+		} else {
+			racc_t *r = &acc[i];
+			val = LLVMBuildLoad2(g->b, cg_type(g, r->dt, uw), r->v,
+					     "");
+			if (r->i)
+				idx = LLVMBuildLoad2(
+				    g->b, cg_type(g, KILN_DT_I64, uw), r->i,
+				    "");
+		}
+		LLVMValueRef res =
+		    n->red == RED_ARGMAX || n->red == RED_ARGMIN ? idx : val;
+		kiln_dtype_t bdt = g->c->bufs[n->buf].dtype;
+		kiln_dtype_t rdt = n->red == RED_ARGMAX || n->red == RED_ARGMIN
+				       ? KILN_DT_I64
+				       : (kiln_dtype_t)n->body->dt;
+		res = emit_cast(g, res, rdt, compute_dtype(bdt), uw);
+		g->mval[i] = res;
+		g->mval_width[i] = uw;
+		if (stored(g, i))
+			emit_store(g, n->buf, m->sidx, res, uw);
+	}
+	gen_row_members(g, p, uw);
+}
+
+/* The start of a row unit: no member values yet, then the row members of
+ * before the first pass. Returns the number of reduced dims, listed in rd. */
+static uint32_t row_unit_begin(gen_t *g, int uw, uint32_t *rd)
+{
+	const kernel_t *k = g->k;
+	uint32_t nr = 0;
+	for (uint32_t i = 0; i < k->frank; i++)
+		if (k->rmask >> i & 1)
+			rd[nr++] = i;
+	for (uint32_t i = 0; i < k->n_members; i++)
+		g->mval[i] = NULL;
+	memo_clear(g);
+	gen_row_members(g, -1, uw);
+	return nr;
+}
+
+/* One unit of a row kernel. uw: the unit's width (outer-vectorized: W lanes
+ * = W rows; inner-vectorized: 1). */
+static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
+{
+	const kernel_t *k = g->k;
+	uint32_t rd[CIR_MAX_RANK];
+	uint32_t nr = row_unit_begin(g, uw, rd);
+	racc_t acc[64];
+	int32_t pf_pass = prefetch_pass(g);
+	for (int32_t p = 0; p < k->n_passes; p++)
+		gen_pass(g, p, uw, inner_vec, acc, rd, nr, pf_pass);
+}
+
+/* Whether an inner-vectorized row kernel runs its first pass one unit
+ * ahead (gen_row_unit_ahead): two passes or more, a first pass of
+ * reductions only (no element it writes, so the next unit's cannot
+ * overwrite what this unit's later passes read), and no row member before
+ * it that is stored. */
+static bool row_ahead_ok(gen_t *g)
+{
+	const kernel_t *k = g->k;
+	if (k->n_passes < 2 || k->n_members > 64)
+		return false;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		if (m->pass == 0 && m->role == ROLE_FULL)
+			return false;
+		if (m->pass == -1 && m->role == ROLE_ROW && stored(g, i))
+			return false;
+	}
+	return true;
+}
+
+/* The first pass's values (its reductions and the row members after it)
+ * into their allocas. */
+static void ahead_save(gen_t *g, LLVMValueRef *slot)
+{
+	for (uint32_t i = 0; i < g->k->n_members; i++) {
+		const kmember_t *m = &g->k->members[i];
+		if (m->pass != 0 || g->mval[i] == NULL)
+			continue;
+		if (slot[i] == NULL)
+			slot[i] = entry_alloca(g, LLVMTypeOf(g->mval[i]));
+		LLVMBuildStore(g->b, g->mval[i], slot[i]);
+	}
+}
+
+/* One unit of an inner-vectorized row kernel (row_ahead_ok) with its first
+ * pass run one unit ahead: the unit's later passes, and between its last
+ * two the first pass of unit u + 1, whose values wait in allocas for the
+ * next iteration (the first unit of the range runs its own first). The
+ * horizontal reductions that end each pass, and the division or root
+ * after them, are chains of dependent instructions (40-60 cycles on a Zen
+ * 5) that the next pass waits for; the other unit's first pass is work
+ * the core runs meanwhile, and the next unit's first reduction ends while
+ * this unit's last pass runs. */
+static void gen_row_unit_ahead(gen_t *g, LLVMValueRef u, LLVMValueRef begin,
+			       LLVMValueRef end, const uint32_t *od,
+			       uint32_t no, const LLVMValueRef *osz)
+{
+	const kernel_t *k = g->k;
+	uint32_t rd[CIR_MAX_RANK];
+	uint32_t nr = row_unit_begin(g, 1, rd);
+	racc_t acc[64];
+	LLVMValueRef slot[64] = {0};
+	LLVMValueRef mv[64];
+	LLVMValueRef var_u[CIR_MAX_VARS];
+	int32_t pf_pass = prefetch_pass(g);
+	/* the range's first unit: its own first pass */
+	LLVMBasicBlockRef first =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "first");
+	LLVMBasicBlockRef have =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "have");
+	LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, u, begin, ""),
+			first, have);
+	LLVMPositionBuilderAtEnd(g->b, first);
+	memcpy(mv, g->mval, sizeof(LLVMValueRef) * k->n_members);
+	gen_pass(g, 0, 1, true, acc, rd, nr, pf_pass);
+	ahead_save(g, slot);
+	memcpy(g->mval, mv, sizeof(LLVMValueRef) * k->n_members);
+	LLVMBuildBr(g->b, have);
+	LLVMPositionBuilderAtEnd(g->b, have);
+	memo_clear(g);
+	for (uint32_t i = 0; i < k->n_members; i++)
+		if (slot[i] != NULL) {
+			g->mval[i] = LLVMBuildLoad2(
+			    g->b, LLVMGetAllocatedType(slot[i]), slot[i], "");
+			g->mval_width[i] = 1;
+		}
+	for (int32_t p = 1; p < k->n_passes; p++) {
+		if (p == k->n_passes - 1) {
+			/* the next unit's first pass */
+			LLVMValueRef u1 = LLVMBuildAdd(g->b, u, K64(g, 1), "");
+			LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(
+			    g->ctx, g->fn, "ahead");
+			LLVMBasicBlockRef join = LLVMAppendBasicBlockInContext(
+			    g->ctx, g->fn, "joined");
+			LLVMBuildCondBr(
+			    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, u1, end, ""),
+			    next, join);
+			LLVMPositionBuilderAtEnd(g->b, next);
+			memcpy(mv, g->mval,
+			       sizeof(LLVMValueRef) * k->n_members);
+			memcpy(var_u, g->var, sizeof(var_u));
+			memo_clear(g);
+			decompose(g, u1, od, no, osz);
+			gen_row_members(g, -1, 1);
+			gen_pass(g, 0, 1, true, acc, rd, nr, pf_pass);
+			ahead_save(g, slot);
+			memcpy(g->var, var_u, sizeof(var_u));
+			memcpy(g->mval, mv,
+			       sizeof(LLVMValueRef) * k->n_members);
+			for (uint32_t i = 0; i < k->n_members; i++)
+				g->mval_width[i] = 1;
+			LLVMBuildBr(g->b, join);
+			LLVMPositionBuilderAtEnd(g->b, join);
+			memo_clear(g);
+		}
+		gen_pass(g, p, 1, true, acc, rd, nr, pf_pass);
 	}
 }
 
@@ -2503,7 +2630,11 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			g->vvar = inner_vec ? (int)(f - 1) : -1;
 			decompose(g, u, od, no, osz);
 			g->pf_var = no > 0 ? (int)od[no - 1] : -1;
-			gen_row_unit(g, 1, inner_vec);
+			if (inner_vec && row_ahead_ok(g))
+				gen_row_unit_ahead(g, u, begin, end, od, no,
+						   osz);
+			else
+				gen_row_unit(g, 1, inner_vec);
 			g->pf_var = -1;
 			g->pf_on = false;
 		} else {

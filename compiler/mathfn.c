@@ -77,9 +77,18 @@ static LLVMValueRef as_float(gen_t *g, LLVMValueRef x, int w)
  * (<= 2 ulp on the normal range); denormal results are kept instead of
  * flushed. nonpos (OP_EXPNP, x <= 88.3): without the upper clamp, which
  * is there for x = +inf (whose r would be NaN) and which such an x never
- * reaches: the same values, one instruction fewer on softmax's critical
- * path (its kernel over rows of 1024 ran 8.8 cycles a vector in L1 on a
- * Zen 5 instead of 9.45, 10.4 instead of 11.0 at 4 MB: bench README). */
+ * reaches (one instruction fewer on softmax's critical path: its kernel
+ * over rows of 1024 ran 8.8 cycles a vector in L1 on a Zen 5 instead of
+ * 9.45, 10.4 instead of 11.0 at 4 MB: bench README), and with r = x - n·ln 2
+ * in one FMA with ln 2 rounded to f32 (0x1.62E430p-1, 1.9e-9 above ln 2),
+ * as PyTorch's Vectorized<float>::exp_u20 reduces: r is then off by
+ * n·1.9e-9, a relative error of |n|·1.9e-9 in the result. Max 4.73 ulp
+ * over every f32 in [-87.33, 0] (at -86.9, results near 2^-126), 2.44 ulp
+ * on [-20, 0], against 1.98 with the two-step r; absolute error 1.12e-7
+ * either way. One FMA fewer on the FMA pipes, which bound softmax's exp
+ * pass: with prefetch_pass (codegen.c), softmax over rows of 1024
+ * (bench_kernels --threads 2) 4 MB 119-123 -> 127 GB/s, 16 MB 120 ->
+ * 138 (alternated, two rounds each). */
 static LLVMValueRef exp_f32_avx512(gen_t *g, LLVMValueRef x, int w, bool nonpos)
 {
 	static const double c[] = {0x1.0F9F9Cp-7, 0x1.573A1Ap-5, 0x1.555A80p-3,
@@ -89,8 +98,13 @@ static LLVMValueRef exp_f32_avx512(gen_t *g, LLVMValueRef x, int w, bool nonpos)
 	xc = SEL(FCMP(LLVMRealOLT, xc, F(-150.0)), F(-150.0), xc);
 	LLVMValueRef n =
 	    un_intr(g, "llvm.roundeven", FMUL(xc, F(1.44269504088896341)));
-	LLVMValueRef r = fma_(g, n, F(-0x1.62E400p-1), xc);
-	r = fma_(g, n, F(-0x1.7F7D1Cp-20), r);
+	LLVMValueRef r;
+	if (nonpos) {
+		r = fma_(g, n, F(-0x1.62E430p-1), xc);
+	} else {
+		r = fma_(g, n, F(-0x1.62E400p-1), xc);
+		r = fma_(g, n, F(-0x1.7F7D1Cp-20), r);
+	}
 	LLVMValueRef p = poly(g, r, c, 6, w);
 	LLVMValueRef args[5] = {p, n, p, LLVMConstInt(g->i16, 0xffff, 0),
 				LLVMConstInt(g->i32, 4, 0)};

@@ -21,8 +21,9 @@
  * Floating-point contract: reductions reassociate (W partial sums per row,
  * combined pairwise); everything else is evaluated in program order without
  * fast-math flags; transcendentals come from mathfn.c (within 2-4 ulp of the
- * correctly rounded f32 result). f16/bf16 are computed in f32 and rounded
- * at stores and explicit casts.
+ * correctly rounded f32 result; OP_EXPNP's on AVX-512 vectors 4.73 at worst,
+ * for results near 2^-126). f16/bf16 are computed in f32 and rounded at
+ * stores and explicit casts.
  */
 #include "compiler/cg.h"
 #include "compiler/cpu.h"
@@ -2443,10 +2444,17 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
 }
 
 /* Whether an inner-vectorized row kernel runs its first pass one unit
- * ahead (gen_row_unit_ahead): two passes or more, a first pass of
- * reductions only (no element it writes, so the next unit's cannot
- * overwrite what this unit's later passes read), and no row member before
- * it that is stored. */
+ * ahead (gen_row_unit_ahead): two passes or more; a first pass whose
+ * members are reductions and row members (no full member: no element of a
+ * scratch or an output that the next unit's would overwrite before this
+ * unit's later passes read it; what they store goes to their own unit's
+ * index); before it, row members only, none of them stored (the ahead
+ * block computes them again for the next unit). It relies on two things the
+ * scheduler guarantees: a pass reads no value of a later pass (so the
+ * next unit's first pass cannot see this unit's later values, which are
+ * still in g->mval while it is built), and no kernel reads another unit's
+ * row of a buffer it writes (units already run on several threads in any
+ * order). */
 static bool row_ahead_ok(gen_t *g)
 {
 	const kernel_t *k = g->k;
@@ -2456,7 +2464,7 @@ static bool row_ahead_ok(gen_t *g)
 		const kmember_t *m = &k->members[i];
 		if (m->pass == 0 && m->role == ROLE_FULL)
 			return false;
-		if (m->pass == -1 && m->role == ROLE_ROW && stored(g, i))
+		if (m->pass < 0 && (m->role != ROLE_ROW || stored(g, i)))
 			return false;
 	}
 	return true;

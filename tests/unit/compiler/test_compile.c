@@ -947,7 +947,8 @@ static void *guarded_alloc(guarded_t *gd, size_t bytes, int where)
 	return where == GUARD_END ? lo + pg + body - bytes : lo + pg;
 }
 
-/* the pool match_interp runs its modules on (NULL: the default pool) */
+/* the pool match_interp and run_f32_graph_on run their modules on (NULL:
+ * the default pool) */
 static kiln_pool_t *match_pool;
 
 /* Compiles g in mode, runs it on inputs drawn uniform in [-1, 1) (input t
@@ -2881,9 +2882,12 @@ static float *run_f32_graph_on(kiln_compiler_t *kc, gb_t *b, const char *what,
 	kiln_io_t arg = {KILN_IO_TENSOR, 0, in};
 	void *ob[1] = {NULL};
 	kiln_io_t out[1];
-	cr_assert_eq(
-	    kiln_module_run(m, &arg, 1, ob, out, NULL, err, sizeof(err)), 0,
-	    "%s: %s", what, err);
+	kiln_run_opts_t ro;
+	memset(&ro, 0, sizeof(ro));
+	ro.pool = match_pool;
+	cr_assert_eq(kiln_module_run(m, &arg, 1, ob, out,
+				     match_pool ? &ro : NULL, err, sizeof(err)),
+		     0, "%s: %s", what, err);
 	/* the output is the whole of out buffer 0 */
 	cr_assert_eq(out[0].t.data, ob[0]);
 	float *y = ob[0];
@@ -3232,11 +3236,17 @@ static void layer_norm_graph(gb_t *b, int64_t r, int64_t c, int nout)
  * gen_row_unit_ahead): the next row's, between this row's last two
  * passes; the first row of each thread's range runs its own. On a pool of
  * three threads, 50 rows of 1000 (a grain of 16 rows: ranges [0, 17),
- * [17, 34), [34, 50), rows that end in a partial vector), 1 row and 2
- * rows, against the interpreter: softmax (three passes), log_softmax, and
- * layer_norm (two) with its mean and rstd, which the first pass stores,
- * as outputs. A pass of the wrong row, or a first row that skipped its
- * own, fails it. */
+ * [17, 34), [34, 50); on 16 lanes the rows end in a partial vector), 1
+ * row and 2 rows:
+ * - against the interpreter, softmax and log_softmax (three passes: max,
+ *   sum, output) and layer_norm (three: mean, variance, output), also with
+ *   its mean, which the first pass stores, and rstd as outputs;
+ * - softmax and log_softmax of rows shifted by multiples of 150 (row r by
+ *   150·(r·7 mod 5) - 300), against both in f64: softmax's and
+ *   log_softmax's values do not depend on the max they shift by, but with
+ *   another row's max every exp of a row overflows or underflows.
+ * A first pass of the wrong row, or a first row that skipped its own,
+ * fails it. */
 Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -3269,6 +3279,44 @@ Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 			kiln_graph_free(g);
 			msgpack_sbuffer_destroy(&b.sb);
 		}
+	}
+	enum { R = 50, C = 1000 };
+	static float x[R * C];
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < C; c++)
+			x[r * C + c] =
+			    (float)(kiln_td_prng_uniform(
+					7, (uint64_t)(r * C + c), -1, 1) +
+				    150.0 * ((r * 7) % 5) - 300.0);
+	for (int op = 0; op < 2; op++) {
+		const char *name = op == 0 ? "aten._softmax.default"
+					   : "aten._log_softmax.default";
+		row_op_graph(&b, name, R, C);
+		float *y = run_f32_graph_on(kc, &b, name, x, R, C);
+		int bad = 0;
+		for (int r = 0; r < R && bad < 3; r++) {
+			double mx = -INFINITY, sum = 0;
+			for (int c = 0; c < C; c++)
+				mx = fmax(mx, x[r * C + c]);
+			for (int c = 0; c < C; c++)
+				sum += exp((double)x[r * C + c] - mx);
+			for (int c = 0; c < C; c++) {
+				double d = (double)x[r * C + c] - mx;
+				double want =
+				    op == 0 ? exp(d) / sum : d - log(sum);
+				double got = y[r * C + c];
+				if (fabs(got - want) <=
+				    1e-5 * fabs(want) + 1e-6)
+					continue;
+				bad++;
+				cr_expect(false,
+					  "%s of shifted rows: row %d col %d: "
+					  "%.9g, want %.9g",
+					  name, r, c, got, want);
+				break;
+			}
+		}
+		free(y);
 	}
 	kiln_pool_free(match_pool);
 	match_pool = NULL;

@@ -2443,9 +2443,9 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
 		gen_pass(g, p, uw, inner_vec, acc, rd, nr, pf_pass);
 }
 
-/* Whether an inner-vectorized row kernel runs its first pass one unit
- * ahead (gen_row_unit_ahead): two passes or more; a first pass whose
- * members are reductions and row members (no full member: no element of a
+/* Whether a row kernel runs its first pass one unit ahead
+ * (gen_row_unit_ahead): inner-vectorized; two passes or more; a first pass
+ * whose members are reductions and row members (no full member: no element of a
  * scratch or an output that the next unit's would overwrite before this
  * unit's later passes read it; what they store goes to their own unit's
  * index); before it, row members only, none of them stored (the ahead
@@ -2455,16 +2455,19 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
  * still in g->mval while it is built), and no kernel reads another unit's
  * row of a buffer it writes (units already run on several threads in any
  * order). */
-static bool row_ahead_ok(gen_t *g)
+bool cg_row_ahead(const cctx_t *c, const kernel_t *k)
 {
-	const kernel_t *k = g->k;
-	if (k->n_passes < 2 || k->n_members > 64)
+	uint32_t f = k->frank;
+	if (!k->is_row || f == 0 || !(k->rmask >> (f - 1) & 1) ||
+	    k->n_passes < 2 || k->n_members > 64)
 		return false;
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
+		const cbuf_t *b = &c->bufs[c->nodes[m->node].buf];
 		if (m->pass == 0 && m->role == ROLE_FULL)
 			return false;
-		if (m->pass < 0 && (m->role != ROLE_ROW || stored(g, i)))
+		if (m->pass < 0 &&
+		    (m->role != ROLE_ROW || b->in_memory || b->is_output))
 			return false;
 	}
 	return true;
@@ -2484,7 +2487,7 @@ static void ahead_save(gen_t *g, LLVMValueRef *slot)
 	}
 }
 
-/* One unit of an inner-vectorized row kernel (row_ahead_ok) with its first
+/* One unit of an inner-vectorized row kernel (cg_row_ahead) with its first
  * pass run one unit ahead: the unit's later passes, and between its last
  * two the first pass of unit u + 1, whose values wait in allocas for the
  * next iteration (the first unit of the range runs its own first). The
@@ -2638,7 +2641,7 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			g->vvar = inner_vec ? (int)(f - 1) : -1;
 			decompose(g, u, od, no, osz);
 			g->pf_var = no > 0 ? (int)od[no - 1] : -1;
-			if (inner_vec && row_ahead_ok(g))
+			if (inner_vec && cg_row_ahead(c, k))
 				gen_row_unit_ahead(g, u, begin, end, od, no,
 						   osz);
 			else

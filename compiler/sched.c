@@ -1056,6 +1056,8 @@ char *sched_report(cctx_t *c)
 				  c->vec_width);
 		if (k->tiled)
 			sb_printf(&s, ", transposes through tiles of %d", TBLK);
+		if (cg_row_ahead(c, k))
+			sb_printf(&s, ", first pass a row ahead");
 		if (k->is_epilogue)
 			sb_printf(&s, ", run by %s", c->kernels[ki - 1].name);
 		sb_printf(&s, ", %u member%s\n", k->n_members,

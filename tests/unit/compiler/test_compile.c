@@ -3257,6 +3257,18 @@ Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 	layer_norm_graph(&b, 8, 1024, 3);
 	cr_expect(raw_ir_has(kc, &b, "layer_norm", "\nahead"),
 		  "layer_norm's first pass does not run a row ahead");
+	/* the report says so; softmax over the outer dim (rows vectorized
+	 * across) does not run ahead */
+	for (int dim = 1; dim >= 0; dim--) {
+		softmax_graph(&b, 8, 1024, dim);
+		kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
+		char *k = emit_text(kc, g, KILN_EMIT_KERNELS, NULL);
+		cr_expect_eq(strstr(k, ", first pass a row ahead,") != NULL,
+			     dim == 1, "softmax over dim %d:\n%s", dim, k);
+		free(k);
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
 	cr_assert_eq(kiln_pool_new(3, &match_pool), 0);
 	const int64_t rows[3] = {50, 1, 2};
 	for (int i = 0; i < 3; i++) {

@@ -2473,18 +2473,27 @@ bool cg_row_ahead(const cctx_t *c, const kernel_t *k)
 	return true;
 }
 
-/* The first pass's values (its reductions and the row members after it)
- * into their allocas. */
-static void ahead_save(gen_t *g, LLVMValueRef *slot)
+/* Pass 0 for the unit g->var points at, its values (its reductions and the
+ * row members after it) stored into their allocas (made on first use); the
+ * member values from before it are put back. */
+static void first_pass_to_slots(gen_t *g, racc_t *acc, const uint32_t *rd,
+				uint32_t nr, int32_t pf_pass,
+				LLVMValueRef *slot)
 {
-	for (uint32_t i = 0; i < g->k->n_members; i++) {
-		const kmember_t *m = &g->k->members[i];
-		if (m->pass != 0 || g->mval[i] == NULL)
+	uint32_t n = g->k->n_members;
+	LLVMValueRef mv[64];
+	memcpy(mv, g->mval, sizeof(LLVMValueRef) * n);
+	gen_pass(g, 0, 1, true, acc, rd, nr, pf_pass);
+	for (uint32_t i = 0; i < n; i++) {
+		if (g->k->members[i].pass != 0 || g->mval[i] == NULL)
 			continue;
 		if (slot[i] == NULL)
 			slot[i] = entry_alloca(g, LLVMTypeOf(g->mval[i]));
 		LLVMBuildStore(g->b, g->mval[i], slot[i]);
 	}
+	memcpy(g->mval, mv, sizeof(LLVMValueRef) * n);
+	for (uint32_t i = 0; i < n; i++)
+		g->mval_width[i] = 1;
 }
 
 /* One unit of an inner-vectorized row kernel (cg_row_ahead) with its first
@@ -2505,7 +2514,6 @@ static void gen_row_unit_ahead(gen_t *g, LLVMValueRef u, LLVMValueRef begin,
 	uint32_t nr = row_unit_begin(g, 1, rd);
 	racc_t acc[64];
 	LLVMValueRef slot[64] = {0};
-	LLVMValueRef mv[64];
 	LLVMValueRef var_u[CIR_MAX_VARS];
 	int32_t pf_pass = prefetch_pass(g);
 	/* the range's first unit: its own first pass */
@@ -2516,10 +2524,7 @@ static void gen_row_unit_ahead(gen_t *g, LLVMValueRef u, LLVMValueRef begin,
 	LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, u, begin, ""),
 			first, have);
 	LLVMPositionBuilderAtEnd(g->b, first);
-	memcpy(mv, g->mval, sizeof(LLVMValueRef) * k->n_members);
-	gen_pass(g, 0, 1, true, acc, rd, nr, pf_pass);
-	ahead_save(g, slot);
-	memcpy(g->mval, mv, sizeof(LLVMValueRef) * k->n_members);
+	first_pass_to_slots(g, acc, rd, nr, pf_pass, slot);
 	LLVMBuildBr(g->b, have);
 	LLVMPositionBuilderAtEnd(g->b, have);
 	memo_clear(g);
@@ -2541,19 +2546,17 @@ static void gen_row_unit_ahead(gen_t *g, LLVMValueRef u, LLVMValueRef begin,
 			    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, u1, end, ""),
 			    next, join);
 			LLVMPositionBuilderAtEnd(g->b, next);
+			LLVMValueRef mv[64];
 			memcpy(mv, g->mval,
 			       sizeof(LLVMValueRef) * k->n_members);
 			memcpy(var_u, g->var, sizeof(var_u));
 			memo_clear(g);
 			decompose(g, u1, od, no, osz);
 			gen_row_members(g, -1, 1);
-			gen_pass(g, 0, 1, true, acc, rd, nr, pf_pass);
-			ahead_save(g, slot);
+			first_pass_to_slots(g, acc, rd, nr, pf_pass, slot);
 			memcpy(g->var, var_u, sizeof(var_u));
 			memcpy(g->mval, mv,
 			       sizeof(LLVMValueRef) * k->n_members);
-			for (uint32_t i = 0; i < k->n_members; i++)
-				g->mval_width[i] = 1;
 			LLVMBuildBr(g->b, join);
 			LLVMPositionBuilderAtEnd(g->b, join);
 			memo_clear(g);

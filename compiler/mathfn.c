@@ -87,8 +87,9 @@ static LLVMValueRef as_float(gen_t *g, LLVMValueRef x, int w)
  * on [-20, 0], against 1.98 with the two-step r; absolute error 1.12e-7
  * either way. One FMA fewer on the FMA pipes, which bound softmax's exp
  * pass: with prefetch_pass (codegen.c), softmax over rows of 1024
- * (bench_kernels --threads 2) 4 MB 119-123 -> 127 GB/s, 16 MB 120 ->
- * 138 (alternated, two rounds each). */
+ * (bench_kernels --threads 2, alternated, two rounds each) 4 MB 119-123
+ * -> 127 GB/s; 16 MB 120 -> 138 in the round where memory was as fast as
+ * before (86 in the other, with memcpy slow too). */
 static LLVMValueRef exp_f32_avx512(gen_t *g, LLVMValueRef x, int w, bool nonpos)
 {
 	static const double c[] = {0x1.0F9F9Cp-7, 0x1.573A1Ap-5, 0x1.555A80p-3,

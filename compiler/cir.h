@@ -276,6 +276,7 @@ typedef struct cctx {
 	bool use_libmvec;
 	bool nofuse;	  /* KILN_NOFUSE=1: one kernel per compute node */
 	const char *blas; /* path of the BLAS library kernels call, or NULL */
+	bool blas_avx512; /* ... whose products run AVX-512 kernels */
 	int64_t hint_default;
 } cctx_t;
 

@@ -3083,13 +3083,19 @@ static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
 
 /* The product's form (cg_gemm_tmpl) and in *why the reason for it, as
  * --emit=kernels prints it under a heuristic's choice. Packing B (a panel
- * at a time, or blocked with A packed too) needs static sizes; by the
- * heuristic, plain products only (a convolution's keeps BLAS, which packs
- * its few rows' B faster: ResNet-18's 256->512 at 14², batch 16,
- * 512x2304x784 in column blocks of 288, the blocked template 1.03-1.15 of
- * BLAS's time; attention's and the backward ops' products were not
- * measured) with at least one panel of columns (narrower, most of each
- * vector would be padding). */
+ * at a time, or blocked with A packed too) needs static sizes and at least
+ * one panel of columns (narrower, most of each vector would be padding).
+ * Where BLAS runs AVX-512 kernels (c->blas_avx512: OpenBLAS's SkylakeX
+ * core, or a BLAS that is not OpenBLAS), by the heuristic plain products
+ * only (a convolution's keeps BLAS, which packs its few rows' B faster:
+ * ResNet-18's 256->512 at 14², batch 16, 512x2304x784 in column blocks of
+ * 288, the blocked template 1.03-1.15 of BLAS's time; attention's and the
+ * backward ops' products were not measured), a row-major B with 512 rows
+ * or more and A of at most 8 MiB. Where it runs older ones (Haswell's
+ * AVX2, which an OPENBLAS_CORETYPE set by the environment may ask for),
+ * the template takes those too: ResNet-50's forward at batch 8, 128²,
+ * 80 -> 63 ms, its 3x3 layers at 8² 2.5 -> 1.4 ms each; GPT-2's training
+ * step 454 -> 357 ms (tests/bench/bench_models.py, compiler/README.md). */
 static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 {
 	const lt_t *a = n->ga, *b = n->gb;
@@ -3124,26 +3130,36 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 	} else if (M * N * K < TG_MIN_MACS)
 		w = "BLAS: under 2^21 multiply-adds (the template's compile "
 		    "costs more than it saves)";
-	else if (!plain_product(c, n->node))
-		w = "BLAS: not mm, bmm, addmm or baddbmm (a convolution's "
-		    "product measured faster with BLAS; others unmeasured)";
 	else if (N < CG_TG_NR)
 		w = "BLAS: under 32 columns (a panel would be mostly padding)";
-	else if (dim_is(b->strides[r - 1], 1) && M < TG_PACK_MIN_M)
+	else if (c->blas_avx512 && !plain_product(c, n->node))
+		w = "BLAS: not mm, bmm, addmm or baddbmm (a convolution's "
+		    "product measured faster with AVX-512 BLAS; others "
+		    "unmeasured)";
+	else if (c->blas_avx512 && dim_is(b->strides[r - 1], 1) &&
+		 M < TG_PACK_MIN_M)
 		w = "BLAS: B row-major and too large for L2, under 512 rows "
-		    "(BLAS packs it more cheaply)";
-	else if (M * K * 4 > TG_A_MAX)
-		w = "BLAS: A over 8 MiB (measured as fast as the template or "
-		    "faster)";
+		    "(AVX-512 BLAS packs it more cheaply)";
+	else if (c->blas_avx512 && M * K * 4 > TG_A_MAX)
+		w = "BLAS: A over 8 MiB (AVX-512 BLAS measured as fast as the "
+		    "template or faster)";
 	else
 		form = 2;
 	if (form == 2 && (K > TG_PANEL_K || M * K * 4 > TG_BLOCK_A)) {
 		form = 3;
-		if (f < 0)
+		if (f < 0 && !c->blas_avx512)
+			w = "template blocked, A and B packed: at least 2^21 "
+			    "multiply-adds and 32 columns, A over 2 MiB or K "
+			    "over 4096 (BLAS runs pre-AVX-512 kernels)";
+		else if (f < 0)
 			w = "template blocked, A and B packed: mm/bmm/addmm/"
 			    "baddbmm, at least 2^21 multiply-adds and 32 "
 			    "columns, B transposed or 512 rows and more, A "
 			    "over 2 MiB (at most 8 MiB) or K over 4096";
+	} else if (form == 2 && f < 0 && !c->blas_avx512) {
+		w = "template packing B a panel at a time: at least 2^21 "
+		    "multiply-adds and 32 columns, A at most 2 MiB, K at most "
+		    "4096 (BLAS runs pre-AVX-512 kernels)";
 	} else if (form == 2 && f < 0) {
 		w = "template packing B a panel at a time: mm/bmm/addmm/"
 		    "baddbmm, at least 2^21 multiply-adds and 32 columns, B "

@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "build_id.h"
 #include "compiler/internal_tune.h"
@@ -30,17 +31,38 @@ struct kiln_compiler {
 	int threads;	   /* a compile's threads (compile_threads) */
 	bool share_bodies; /* KILN_SHARE_BODIES (share_bodies) */
 	char fingerprint[160];
-	char blas[256];		 /* "" when no BLAS library is loadable */
+	char blas[256];	  /* "" when no BLAS library is loadable */
+	bool blas_avx512; /* its products run AVX-512 kernels (probe_blas) */
+	const char *blas_kind;	 /* the fingerprint's blas/: probe_blas */
 	kiln_tune_cache_t *tune; /* max-autotune's decisions (autotune.c) */
 };
 
+/* Whether the OpenBLAS core `name` (openblas_get_corename) runs AVX-512
+ * sgemm kernels: SkylakeX's, which Cooperlake and SapphireRapids share. */
+static bool core_avx512(const char *name)
+{
+	static const char *const wide[] = {"skylakex", "cooperlake",
+					   "sapphirerapids"};
+	for (size_t i = 0; i < sizeof(wide) / sizeof(wide[0]); i++)
+		if (strcasecmp(name, wide[i]) == 0)
+			return true;
+	return false;
+}
+
 /* The BLAS library kernels call for matrix products: KILN_BLAS (a path or
- * soname; "none" disables), else OpenBLAS when it loads here. */
+ * soname; "none" disables), else OpenBLAS when it loads here. And whether
+ * its products run AVX-512 kernels: an OpenBLAS says which core it chose
+ * (here, from OPENBLAS_CORETYPE, which kiln_blas_prepare sets unless it is
+ * set already: a "Haswell" set by the environment runs AVX2 ones); a BLAS
+ * that is not OpenBLAS (KILN_BLAS) is taken to. The GEMM template's heuristic
+ * (codegen.c tmpl_form) leaves products to BLAS only where it does. */
 static void probe_blas(kiln_compiler_t *c)
 {
 	const char *env = getenv("KILN_BLAS");
 	const char *cand = env != NULL ? env : "libopenblas.so.0";
 	c->blas[0] = '\0';
+	c->blas_avx512 = false;
+	c->blas_kind = "none";
 	if (strcmp(cand, "none") == 0)
 		return;
 	/* OpenBLAS chooses its kernels as it loads, here for every product
@@ -49,8 +71,18 @@ static void probe_blas(kiln_compiler_t *c)
 	void *h = dlopen(cand, RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL)
 		return;
-	if (dlsym(h, "cblas_sgemm") != NULL && dlsym(h, "cblas_dgemm") != NULL)
+	if (dlsym(h, "cblas_sgemm") != NULL &&
+	    dlsym(h, "cblas_dgemm") != NULL) {
 		snprintf(c->blas, sizeof(c->blas), "%s", cand);
+		char *(*corename)(void) = NULL;
+		*(void **)&corename = dlsym(h, "openblas_get_corename");
+		const char *core = corename != NULL ? corename() : NULL;
+		c->blas_avx512 =
+		    corename == NULL || (core != NULL && core_avx512(core));
+		c->blas_kind = corename == NULL ? "other"
+			       : c->blas_avx512 ? "openblas-avx512"
+						: "openblas-pre-avx512";
+	}
 	dlclose(h);
 }
 
@@ -96,6 +128,18 @@ static int share_bodies(bool *out, char *err, size_t errlen)
 			  "KILN_SHARE_BODIES=\"%.40s\": expected 0 or 1", env);
 }
 
+/* The compiler's fingerprint (PROTOCOL.md § signature): what changes the
+ * code it makes besides the graph, the target and the mode. */
+static void set_fingerprint(kiln_compiler_t *c)
+{
+	unsigned maj, min, pat;
+	LLVMGetVersion(&maj, &min, &pat);
+	snprintf(c->fingerprint, sizeof(c->fingerprint),
+		 "kiln/%s llvm/%u.%u.%u build/%s blas/%s math/%s",
+		 KILN_VERSION_STRING, maj, min, pat, KILN_BUILD_ID,
+		 c->blas_kind, c->cpu.libmvec[0] ? "libmvec" : "poly");
+}
+
 int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 		      char *err, size_t errlen)
 {
@@ -125,15 +169,18 @@ int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
 		free(c);
 		return -ENOMEM;
 	}
-	unsigned maj, min, pat;
-	LLVMGetVersion(&maj, &min, &pat);
-	snprintf(c->fingerprint, sizeof(c->fingerprint),
-		 "kiln/%s llvm/%u.%u.%u build/%s blas/%s math/%s",
-		 KILN_VERSION_STRING, maj, min, pat, KILN_BUILD_ID,
-		 c->blas[0] ? "openblas" : "none",
-		 c->cpu.libmvec[0] ? "libmvec" : "poly");
+	set_fingerprint(c);
 	*out = c;
 	return 0;
+}
+
+void kiln__compiler_set_blas_avx512(kiln_compiler_t *c, bool avx512)
+{
+	if (c->blas[0] == '\0')
+		return;
+	c->blas_avx512 = avx512;
+	c->blas_kind = avx512 ? "openblas-avx512" : "openblas-pre-avx512";
+	set_fingerprint(c);
 }
 
 void kiln_compiler_free(kiln_compiler_t *c)
@@ -743,6 +790,7 @@ static void cctx_init(cctx_t *c, kiln_compiler_t *kc, const kiln_graph_t *g,
 	c->nofuse = nf != NULL && nf[0] == '1';
 	c->hint_default = 64;
 	c->blas = kc->blas[0] ? kc->blas : NULL;
+	c->blas_avx512 = kc->blas_avx512;
 }
 
 static void cctx_free(cctx_t *c)

@@ -7,6 +7,7 @@
 
 #include "compiler/compiler.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define KILN_TUNE_WHY 256 /* a decision's text, as --emit=kernels shows it */
@@ -28,5 +29,12 @@ int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
 			const int8_t *tune, char (*why)[KILN_TUNE_WHY],
 			kiln_artifact_t **out, char **text, int emit,
 			kiln_compile_stats_t *st, char *err, size_t errlen);
+
+/* Sets whether the compiler takes its BLAS to run AVX-512 kernels (what
+ * probe_blas found, from the OpenBLAS core), and its fingerprint with it:
+ * the GEMM template's heuristic (codegen.c tmpl_form) leaves products to
+ * BLAS only where it does. For tests, which check both; nothing where
+ * there is no BLAS. */
+void kiln__compiler_set_blas_avx512(kiln_compiler_t *c, bool avx512);
 
 #endif

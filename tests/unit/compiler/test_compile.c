@@ -13,10 +13,12 @@
 #include "clients/libkiln/kiln.h"
 #include "compiler/compiler.h"
 #include "compiler/cpu.h"
+#include "compiler/internal_tune.h"
 #include "tests/common/testdata.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
 #include <math.h>
@@ -868,6 +870,9 @@ Test(fusion, gemm_epilogue_runs_on_its_blocks)
 Test(fusion, few_row_blocks_split_columns)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the heuristic as with AVX-512 BLAS (with an older one the first
+	 * product is the template's: products_take_the_template_...) */
+	kiln__compiler_set_blas_avx512(kc, true);
 	/* 1 row block: 3136 / 12 columns (at least 256 each), rounded up
 	 * to a multiple of 16 (BLAS: B row-major, under 512 rows) */
 	char *rep = mm_report(kc, 64, 576, 3136);
@@ -920,6 +925,33 @@ Test(blas, kernels_load_openblas_with_the_cpus_core)
 	cr_expect_eq(kiln_blas_prepare(), want);
 	kiln_graph_free(g);
 	kiln_compiler_free(kc);
+}
+
+/* The compiler asks the OpenBLAS it probes which core it chose (from
+ * OPENBLAS_CORETYPE, which this environment may set to "Haswell") and its
+ * fingerprint says whether that core runs AVX-512 kernels, which the GEMM
+ * template's heuristic depends on (products_take_the_template_...). The
+ * test holds the library loaded, so that the core can be read after. */
+Test(blas, the_fingerprint_says_whether_blas_runs_avx512_kernels)
+{
+	if (getenv("KILN_BLAS") != NULL)
+		cr_skip_test("KILN_BLAS is set (%s)", getenv("KILN_BLAS"));
+	kiln_blas_prepare();
+	void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL)
+		cr_skip_test("no libopenblas.so.0: %s", dlerror());
+	kiln_compiler_t *kc = new_compiler();
+	const char *core = kiln_blas_corename(NULL);
+	cr_assert_not_null(core);
+	bool wide = strcasecmp(core, "SkylakeX") == 0 ||
+		    strcasecmp(core, "Cooperlake") == 0 ||
+		    strcasecmp(core, "SapphireRapids") == 0;
+	const char *fp = kiln_compiler_fingerprint(kc);
+	cr_expect(strstr(fp, wide ? " blas/openblas-avx512 "
+				  : " blas/openblas-pre-avx512 ") != NULL,
+		  "OpenBLAS runs %s kernels; fingerprint %s", core, fp);
+	kiln_compiler_free(kc);
+	dlclose(h);
 }
 
 /* Where match_interp puts input 0: in a calloc'd block (GUARD_NONE), or
@@ -1334,6 +1366,61 @@ static void check_conv_cases(kiln_compiler_t *kc, const convcase_t *cases,
 			cr_expect(strstr(rep, want[w]) != NULL, "%s", rep);
 		free(rep);
 	}
+}
+
+/* What the GEMM template's heuristic leaves to BLAS where BLAS runs
+ * AVX-512 kernels (codegen.c tmpl_form) it takes where BLAS runs older
+ * ones (OPENBLAS_CORETYPE=Haswell on an AVX-512 machine: ResNet-50's
+ * forward 80 -> 63 ms): a convolution's product (two 8x8 images' im2col,
+ * 64x576 by 128 columns), a row-major B under 512 rows (64x576x3136) and
+ * an A over 8 MiB (2048x1056x64). The fingerprint says which heuristic
+ * made the code. Each against the interpreter. */
+Test(fusion, products_take_the_template_where_blas_is_pre_avx512)
+{
+	if (!__builtin_cpu_supports("avx512f"))
+		cr_skip_test("no AVX-512: the template is not used");
+	kiln_compiler_t *kc = new_compiler();
+	if (strstr(kiln_compiler_fingerprint(kc), "blas/none") != NULL) {
+		kiln_compiler_free(kc);
+		cr_skip_test("no BLAS library here: products use the template");
+	}
+	static const convcase_t conv = {
+	    "f32", 2, 64, 8, 8, 64, 3, {1, 1}, {1, 1}, {1, 1}, false, false};
+	static const int64_t mm[2][3] = {{64, 576, 3136}, {2048, 1056, 64}};
+	for (int avx512 = 1; avx512 >= 0; avx512--) {
+		kiln__compiler_set_blas_avx512(kc, avx512 != 0);
+		const char *fp = kiln_compiler_fingerprint(kc);
+		cr_expect(strstr(fp, avx512
+					 ? "blas/openblas-avx512 "
+					 : "blas/openblas-pre-avx512 ") != NULL,
+			  "%s", fp);
+		const char *want = avx512 ? "matmul via BLAS sgemm"
+					  : "matmul via GEMM template";
+		char *rep = NULL;
+		check_conv_case(kc, &conv, "default", &rep);
+		cr_expect(strstr(rep, want) != NULL, "avx512 %d:\n%s", avx512,
+			  rep);
+		cr_expect(avx512 || strstr(rep, "(BLAS runs pre-AVX-512 "
+						"kernels)") != NULL,
+			  "%s", rep);
+		free(rep);
+		for (int i = 0; i < 2; i++) {
+			rep = mm_report(kc, mm[i][0], mm[i][1], mm[i][2]);
+			cr_expect(strstr(rep, avx512 ? "matmul via BLAS"
+						     : want) != NULL,
+				  "avx512 %d:\n%s", avx512, rep);
+			free(rep);
+			kiln_graph_t *g =
+			    mm_graph(mm[i][0], mm[i][1], mm[i][2]);
+			char what[64];
+			snprintf(what, sizeof(what), "mm %d, avx512 %d", i,
+				 avx512);
+			expect_matches_interp(kc, g, "default", 31 + i, 1e-4,
+					      what);
+			kiln_graph_free(g);
+		}
+	}
+	kiln_compiler_free(kc);
 }
 
 /* hardtanh(x·s, 0, 6) -> convolution (MobileNetV2's eval batch_norm and

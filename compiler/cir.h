@@ -419,12 +419,19 @@ int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
  * rather than BLAS: 0 BLAS, 1 the template on B as it is, 2 the template
  * packing B a panel at a time, 3 the template blocked with A and B packed */
 int cg_gemm_tmpl(cctx_t *c, const cnode_t *n);
+/* codegen.c: whether row kernel k is inner-vectorized (along its last
+ * dim, which it reduces) rather than outer-vectorized (across its rows,
+ * along its last outer dim): its last dim is reduced, but not where every
+ * load reads the last outer dim contiguously or not at all, one does, none
+ * reads the last dim contiguously, no member is full and every store is
+ * contiguous along it (LayerNorm over the channels of an NCHW tensor) */
+bool cg_inner_vec(cctx_t *c, const kernel_t *k);
 /* codegen.c: blocks of vec_width columns a unit of a row kernel reduces
- * side by side (1 but where the reduced dims are not the last) */
+ * side by side (1 but where it is outer-vectorized) */
 int cg_outer_blocks(cctx_t *c, const kernel_t *k);
 /* Whether row kernel k runs its first pass one unit ahead (codegen.c
  * gen_row_unit_ahead); the report says so. */
-bool cg_row_ahead(const cctx_t *c, const kernel_t *k);
+bool cg_row_ahead(cctx_t *c, const kernel_t *k);
 /* codegen.c: the heuristic's reason for that choice (kilnc --emit=kernels) */
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);

@@ -2455,11 +2455,9 @@ static void gen_row_unit(gen_t *g, int uw, bool inner_vec)
  * still in g->mval while it is built), and no kernel reads another unit's
  * row of a buffer it writes (units already run on several threads in any
  * order). */
-bool cg_row_ahead(const cctx_t *c, const kernel_t *k)
+bool cg_row_ahead(cctx_t *c, const kernel_t *k)
 {
-	uint32_t f = k->frank;
-	if (!k->is_row || f == 0 || !(k->rmask >> (f - 1) & 1) ||
-	    k->n_passes < 2 || k->n_members > 64)
+	if (!cg_inner_vec(c, k) || k->n_passes < 2 || k->n_members > 64)
 		return false;
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
@@ -2631,7 +2629,7 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			g->span_whole_vectors = false;
 		}
 	} else {
-		bool inner_vec = f > 0 && (k->rmask >> (f - 1) & 1);
+		bool inner_vec = cg_inner_vec(c, k);
 		uint32_t od[CIR_MAX_RANK] = {0};
 		LLVMValueRef osz[CIR_MAX_RANK + 1] = {0};
 		uint32_t no = 0;
@@ -2756,11 +2754,69 @@ static bool lanes_contiguous(const sx_t *e, uint32_t v, sxseen_t *s)
 	       lanes_contiguous(e->c, v, s);
 }
 
+/* Whether every load in e reads its lanes (along v) contiguously or all
+ * from one element (a per-channel weight, whatever it does along r), and
+ * none of those that read along v reads along the last reduced var r
+ * contiguously too; *along: one reads along v. */
+static bool loads_across(const sx_t *e, uint32_t v, uint32_t r, sxseen_t *s,
+			 bool *along)
+{
+	if (e == NULL)
+		return true;
+	for (int i = 0; i < s->k; i++)
+		if (s->n[i] == e)
+			return true;
+	if (s->k == 256)
+		return false;
+	s->n[s->k++] = e;
+	if (e->kind == SX_LOAD) {
+		int64_t cv = 0, cr = 0;
+		if (e->b != NULL || !ix_coef(e->idx, v, &cv) ||
+		    !ix_coef(e->idx, r, &cr) || (cv != 0 && cv != 1) ||
+		    (cv == 1 && cr == 1))
+			return false;
+		*along = *along || cv == 1;
+	}
+	return loads_across(e->a, v, r, s, along) &&
+	       loads_across(e->b, v, r, s, along) &&
+	       loads_across(e->c, v, r, s, along);
+}
+
+bool cg_inner_vec(cctx_t *c, const kernel_t *k)
+{
+	uint32_t f = k->frank;
+	if (!k->is_row || f == 0 || !(k->rmask >> (f - 1) & 1))
+		return false;
+	if (c->vec_width < 4)
+		return true;
+	uint32_t v = f;
+	for (uint32_t i = 0; i < f; i++)
+		if (!(k->rmask >> i & 1))
+			v = i;
+	if (v == f || ix_estimate(c, ix_dim(c, k->fsizes[v])) < 4)
+		return true;
+	sxseen_t *seen = kiln_arena_alloc(c->arena, sizeof(*seen));
+	if (seen == NULL)
+		return true;
+	seen->k = 0;
+	bool along = false;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		int64_t cv = 0;
+		if (m->role == ROLE_FULL ||
+		    !loads_across(m->body, v, f - 1, seen, &along) ||
+		    (m->sidx != NULL &&
+		     (!ix_coef(m->sidx, v, &cv) || (cv != 0 && cv != 1))))
+			return true;
+	}
+	return !along;
+}
+
 int cg_outer_blocks(cctx_t *c, const kernel_t *k)
 {
 	int W = c->vec_width;
 	uint32_t f = k->frank;
-	if (!k->is_row || W < 4 || f == 0 || (k->rmask >> (f - 1) & 1))
+	if (!k->is_row || W < 4 || f == 0 || cg_inner_vec(c, k))
 		return 1;
 	uint32_t v = f;
 	for (uint32_t i = 0; i < f; i++)
@@ -2825,7 +2881,7 @@ static void kernel_extent(cctx_t *c, kernel_t *k)
 				per_unit *= CIR_TBLK;
 		}
 	} else {
-		bool inner_vec = f > 0 && (k->rmask >> (f - 1) & 1);
+		bool inner_vec = cg_inner_vec(c, k);
 		int32_t lastouter = -1;
 		for (uint32_t i = 0; i < f; i++) {
 			if (k->rmask >> i & 1) {

@@ -460,8 +460,7 @@ static void mark_row_local(cctx_t *c)
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
 		kernel_t *k = &c->kernels[ki];
 		uint32_t f = k->frank;
-		if (k->is_fallback || !k->is_row || f == 0 ||
-		    !(k->rmask >> (f - 1) & 1))
+		if (k->is_fallback || !cg_inner_vec(c, k))
 			continue;
 		int64_t r = 1;
 		bool stat = true;
@@ -1050,6 +1049,10 @@ char *sched_report(cctx_t *c)
 		if (k->is_row)
 			sb_printf(&s, ", %d pass%s", k->n_passes,
 				  k->n_passes == 1 ? "" : "es");
+		if (k->is_row && k->frank > 0 &&
+		    (k->rmask >> (k->frank - 1) & 1) && !cg_inner_vec(c, k))
+			sb_printf(&s, ", vectorized across rows (the reduced "
+				      "dim is strided)");
 		int ob = cg_outer_blocks(c, k);
 		if (ob > 1)
 			sb_printf(&s, ", %d blocks of %d columns a unit", ob,

@@ -3318,6 +3318,103 @@ static void layer_norm_graph(gb_t *b, int64_t r, int64_t c, int nout)
 		ref(b, 1 + (uint32_t)i);
 }
 
+/* timm's LayerNorm2d after a convolution's bias: y = permute(layer_norm(
+ * permute(x + cb, [0, 2, 3, 1]), [C], w, b), [0, 3, 1, 2]), with the mean
+ * and rstd as outputs too. The statistics' row kernel reduces the last
+ * dim of its space, C, whose elements lie H·W apart: vectorized along it,
+ * every load was a gather of 16 lines on 16 pages (ConvNeXt-nano's
+ * [8, 80, 32, 32]: 1.14 ms). It is vectorized across rows instead, along
+ * W, where x's loads are contiguous and cb's uniform (codegen.c
+ * cg_inner_vec): 0.05 ms. W of 32 (two blocks of 16 lanes), 20 (16 lanes
+ * and a partial block of 4) and 7 (4 lanes and single rows), against the
+ * interpreter; a layer norm over contiguous rows stays inner-vectorized. */
+static kiln_graph_t *layer_norm_2d_graph(int64_t N, int64_t C, int64_t H,
+					 int64_t W)
+{
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 4);
+	const int64_t x4[4] = {N, C, H, W}, cb4[4] = {1, C, 1, 1},
+		      p4[4] = {N, H, W, C}, r4[4] = {N, H, W, 1};
+	specn(&b, "f32", x4, 4);
+	specn(&b, "f32", cb4, 4);
+	specn(&b, "f32", &C, 1);
+	specn(&b, "f32", &C, 1);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 4);
+	node_head(&b, "aten.add.Tensor", 2);
+	ref(&b, 0);
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", x4, 4);
+	static const int64_t to_last[4] = {0, 2, 3, 1}, back[4] = {0, 3, 1, 2};
+	node_head(&b, "aten.permute.default", 2);
+	ref(&b, 4);
+	msgpack_pack_array(&b.pk, 4);
+	for (int i = 0; i < 4; i++)
+		msgpack_pack_int64(&b.pk, to_last[i]);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", p4, 4);
+	node_head(&b, "aten.native_layer_norm.default", 5);
+	ref(&b, 5);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, C);
+	ref(&b, 2);
+	ref(&b, 3);
+	msgpack_pack_double(&b.pk, 1e-6);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	specn(&b, "f32", p4, 4);
+	specn(&b, "f32", r4, 4);
+	specn(&b, "f32", r4, 4);
+	node_head(&b, "aten.permute.default", 2);
+	ref(&b, 6);
+	msgpack_pack_array(&b.pk, 4);
+	for (int i = 0; i < 4; i++)
+		msgpack_pack_int64(&b.pk, back[i]);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", x4, 4);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 3);
+	ref(&b, 9);
+	ref(&b, 7);
+	ref(&b, 8);
+	kiln_graph_t *g = graph_from_json_like("layer norm 2d", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
+Test(codegen, strided_row_reductions_vectorize_across_rows)
+{
+	kiln_compiler_t *kc = new_compiler();
+	const int64_t cs[3][4] = {
+	    {2, 80, 8, 32}, {3, 24, 5, 20}, {2, 48, 3, 7}};
+	for (int i = 0; i < 3; i++) {
+		kiln_graph_t *g =
+		    layer_norm_2d_graph(cs[i][0], cs[i][1], cs[i][2], cs[i][3]);
+		char what[80];
+		snprintf(what, sizeof(what),
+			 "layer norm 2d [%lld, %lld, %lld, "
+			 "%lld]",
+			 (long long)cs[i][0], (long long)cs[i][1],
+			 (long long)cs[i][2], (long long)cs[i][3]);
+		expect_report_has(kc, g, "vectorized across rows", true, what);
+		expect_matches_interp(kc, g, "default", 41 + i, 1e-5, what);
+		kiln_graph_free(g);
+	}
+	gb_t b;
+	layer_norm_graph(&b, 8, 80, 3);
+	kiln_graph_t *g = graph_from_json_like("layer_norm", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	expect_report_has(kc, g, "vectorized across rows", false,
+			  "layer norm [8, 80]");
+	kiln_graph_free(g);
+	kiln_compiler_free(kc);
+}
+
 /* An inner-vectorized row kernel of two passes or more whose first pass
  * only reduces runs that pass one row ahead (codegen.c
  * gen_row_unit_ahead): the next row's, between this row's last two

@@ -2803,8 +2803,7 @@ bool cg_inner_vec(cctx_t *c, const kernel_t *k)
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
 		int64_t cv = 0;
-		if (m->role == ROLE_FULL ||
-		    !loads_across(m->body, v, f - 1, seen, &along) ||
+		if (!loads_across(m->body, v, f - 1, seen, &along) ||
 		    (m->sidx != NULL &&
 		     (!ix_coef(m->sidx, v, &cv) || (cv != 0 && cv != 1))))
 			return true;

@@ -246,6 +246,71 @@ static int64_t est_outer_rows(cctx_t *c, const kernel_t *k, uint32_t rmask)
 	return rows;
 }
 
+struct rscan {
+	uint32_t r;
+	bool strided;
+};
+
+/* An affine load that reads along var r with a stride (a dynamic or
+ * non-affine index is a gather either way). */
+static void scan_strided(void *arg, const sx_t *ld)
+{
+	struct rscan *q = arg;
+	int64_t cr = 0;
+	if (ld->b == NULL && ix_coef(ld->idx, q->r, &cr) && cr != 0 && cr != 1)
+		q->strided = true;
+}
+
+/* Whether putting a member (node n: role, body, sidx) into kernel k would
+ * make a row kernel vectorized along its last, reduced dim (cg_inner_vec)
+ * where that dim is read with a stride, so that the member stays out:
+ * - a row kernel vectorized across its rows (the statistics of a
+ *   LayerNorm2d: cg_inner_vec) would be vectorized along that dim, by a
+ *   member that does not read or store its rows side by side;
+ * - a full member that reads along that dim with a stride (a training
+ *   graph's NHWC copy of an NCHW activation, saved for the backward) would
+ *   join a row kernel vectorized along it;
+ * - a pointwise kernel with such a full member would become a row kernel
+ *   vectorized along that dim, by a reduction.
+ * Every such load would be a gather of 16 lines (ConvNeXt-nano's training
+ * forward: a kernel of LayerNorm2d statistics and such copies took 4.3
+ * ms). Apart, the reduction reads rows side by side or the copy's rows
+ * contiguously, and the copy is a pointwise kernel that transposes
+ * through tiles. */
+static bool loses_across(cctx_t *c, const kernel_t *k, const cnode_t *n,
+			 uint32_t ni, role_t role, const sx_t *body,
+			 const kiln_expr_t *sidx)
+{
+	kernel_t t = *k;
+	if (!t.is_row && role == ROLE_RED) {
+		t.is_row = true;
+		t.rmask = n->rmask;
+	}
+	uint32_t f = t.frank;
+	if (!t.is_row || f == 0 || !(t.rmask >> (f - 1) & 1))
+		return false;
+	kmember_t *ms =
+	    kiln_arena_calloc(c->arena, k->n_members + 1, sizeof(*ms));
+	if (ms == NULL)
+		return false;
+	if (k->n_members > 0)
+		memcpy(ms, k->members, k->n_members * sizeof(*ms));
+	ms[k->n_members] = (kmember_t){ni, role, 0, body, sidx};
+	t.members = ms;
+	t.n_members = k->n_members + 1;
+	if (!cg_inner_vec(c, &t))
+		return false;
+	if (k->is_row && !cg_inner_vec(c, k))
+		return true;
+	struct rscan q = {f - 1, false};
+	if (role == ROLE_FULL)
+		sx_each_load(body, scan_strided, &q);
+	for (uint32_t i = 0; !k->is_row && i < k->n_members && !q.strided; i++)
+		if (k->members[i].role == ROLE_FULL)
+			sx_each_load(k->members[i].body, scan_strided, &q);
+	return q.strided;
+}
+
 /* Tries to put node ni into kernel k. */
 static int try_join(cctx_t *c, kernel_t *k, uint32_t ni, bool *joined)
 {
@@ -275,11 +340,13 @@ static int try_join(cctx_t *c, kernel_t *k, uint32_t ni, bool *joined)
 	sx_each_load(body, check_load, &lc);
 	if (!lc.ok)
 		return 0;
+	const kiln_expr_t *sidx = member_sidx(c, k, n, role, vmap);
+	if (loses_across(c, k, n, ni, role, body, sidx))
+		return 0;
 	if (convert) {
 		k->is_row = true;
 		k->rmask = n->rmask;
 	}
-	const kiln_expr_t *sidx = member_sidx(c, k, n, role, vmap);
 	int rc = add_member(c, k, ni, role, body, sidx);
 	if (rc == 0)
 		*joined = true;

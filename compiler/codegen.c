@@ -2731,35 +2731,14 @@ typedef struct sxseen {
 	int k;
 } sxseen_t;
 
-/* Whether every load in e reads its lanes contiguously or all from one
- * element (coefficient 1 or 0 of v): other accesses (a gather, or what
- * lane_form turns into vector loads at W lanes only) keep one block. */
-static bool lanes_contiguous(const sx_t *e, uint32_t v, sxseen_t *s)
-{
-	if (e == NULL)
-		return true;
-	for (int i = 0; i < s->k; i++)
-		if (s->n[i] == e)
-			return true;
-	if (s->k == 256)
-		return false;
-	s->n[s->k++] = e;
-	if (e->kind == SX_LOAD) {
-		int64_t cv = 0;
-		if (e->b != NULL || !ix_coef(e->idx, v, &cv) ||
-		    (cv != 0 && cv != 1))
-			return false;
-	}
-	return lanes_contiguous(e->a, v, s) && lanes_contiguous(e->b, v, s) &&
-	       lanes_contiguous(e->c, v, s);
-}
-
 /* Whether every load in e reads its lanes (along v) contiguously or all
- * from one element (a per-channel weight, whatever it does along r), and
- * none of those that read along v reads along the last reduced var r
- * contiguously too; *along: one reads along v. */
-static bool loads_across(const sx_t *e, uint32_t v, uint32_t r, sxseen_t *s,
-			 bool *along)
+ * from one element (coefficient 1 or 0 of v): other accesses (a gather, or
+ * what lane_form turns into vector loads at W lanes only) keep one block.
+ * With r < CIR_MAX_RANK, also none of those that read along v reads along
+ * var r contiguously too (a per-channel weight may, reading all its lanes
+ * from one element); *along: one reads along v. */
+static bool loads_lanes(const sx_t *e, uint32_t v, uint32_t r, sxseen_t *s,
+			bool *along)
 {
 	if (e == NULL)
 		return true;
@@ -2772,14 +2751,16 @@ static bool loads_across(const sx_t *e, uint32_t v, uint32_t r, sxseen_t *s,
 	if (e->kind == SX_LOAD) {
 		int64_t cv = 0, cr = 0;
 		if (e->b != NULL || !ix_coef(e->idx, v, &cv) ||
-		    !ix_coef(e->idx, r, &cr) || (cv != 0 && cv != 1) ||
-		    (cv == 1 && cr == 1))
+		    (cv != 0 && cv != 1))
+			return false;
+		if (r < CIR_MAX_RANK &&
+		    (!ix_coef(e->idx, r, &cr) || (cv == 1 && cr == 1)))
 			return false;
 		*along = *along || cv == 1;
 	}
-	return loads_across(e->a, v, r, s, along) &&
-	       loads_across(e->b, v, r, s, along) &&
-	       loads_across(e->c, v, r, s, along);
+	return loads_lanes(e->a, v, r, s, along) &&
+	       loads_lanes(e->b, v, r, s, along) &&
+	       loads_lanes(e->c, v, r, s, along);
 }
 
 bool cg_inner_vec(cctx_t *c, const kernel_t *k)
@@ -2795,15 +2776,12 @@ bool cg_inner_vec(cctx_t *c, const kernel_t *k)
 			v = i;
 	if (v == f || ix_estimate(c, ix_dim(c, k->fsizes[v])) < 4)
 		return true;
-	sxseen_t *seen = kiln_arena_alloc(c->arena, sizeof(*seen));
-	if (seen == NULL)
-		return true;
-	seen->k = 0;
+	sxseen_t seen = {.k = 0};
 	bool along = false;
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
 		int64_t cv = 0;
-		if (!loads_across(m->body, v, f - 1, seen, &along) ||
+		if (!loads_lanes(m->body, v, f - 1, &seen, &along) ||
 		    (m->sidx != NULL &&
 		     (!ix_coef(m->sidx, v, &cv) || (cv != 0 && cv != 1))))
 			return true;
@@ -2830,7 +2808,8 @@ int cg_outer_blocks(cctx_t *c, const kernel_t *k)
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
 		int64_t cv = 0;
-		if (!lanes_contiguous(m->body, v, seen) ||
+		bool along = false;
+		if (!loads_lanes(m->body, v, CIR_MAX_RANK, seen, &along) ||
 		    (m->sidx != NULL &&
 		     (!ix_coef(m->sidx, v, &cv) || (cv != 0 && cv != 1))))
 			return 1;

@@ -289,10 +289,7 @@ static bool loses_across(cctx_t *c, const kernel_t *k, const cnode_t *n,
 	uint32_t f = t.frank;
 	if (!t.is_row || f == 0 || !(t.rmask >> (f - 1) & 1))
 		return false;
-	kmember_t *ms =
-	    kiln_arena_calloc(c->arena, k->n_members + 1, sizeof(*ms));
-	if (ms == NULL)
-		return false;
+	kmember_t ms[MAX_MEMBERS]; /* try_join: k has fewer */
 	if (k->n_members > 0)
 		memcpy(ms, k->members, k->n_members * sizeof(*ms));
 	ms[k->n_members] = (kmember_t){ni, role, 0, body, sidx};

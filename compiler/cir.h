@@ -423,7 +423,7 @@ int cg_gemm_tmpl(cctx_t *c, const cnode_t *n);
  * dim, which it reduces) rather than outer-vectorized (across its rows,
  * along its last outer dim): its last dim is reduced, but not where every
  * load reads the last outer dim contiguously or not at all, one does, none
- * reads the last dim contiguously, no member is full and every store is
+ * of those reads the last dim contiguously too and every store is
  * contiguous along it (LayerNorm over the channels of an NCHW tensor) */
 bool cg_inner_vec(cctx_t *c, const kernel_t *k);
 /* codegen.c: blocks of vec_width columns a unit of a row kernel reduces

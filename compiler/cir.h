@@ -400,6 +400,11 @@ int sched_graph(cctx_t *c);
  * columns (f32, 16-lane vectors) */
 #define CG_TG_MR 8
 #define CG_TG_NR 32
+/* ... which takes products of at least this many multiply-adds (on a tiny
+ * product it saves microseconds a call but costs the compile 4-18 ms more
+ * than a BLAS call: mlp_bwd's three products of K = 8 and 16, 36 -> 90
+ * ms; the smallest measured win was 128x64x256, 2^21) */
+#define CG_TG_MIN_MACS (1 << 21)
 /* codegen.c: implicit GEMM's units (convspec implicit) for a product of
  * `cols` columns (N·OH·OW): blocks of at most 256 columns */
 int64_t cg_conv_implicit_units(int64_t cols);

@@ -3032,11 +3032,8 @@ static int gemm_forced(cctx_t *c, int32_t node)
  * TG_B_MAX, or with B transposed, the template packs B a panel at a time
  * (tgemm_pack; compiler/README.md has the figures against BLAS). */
 #define TG_B_MAX (256 * 1024)
-/* ... and when it has at least this many multiply-adds: on a tiny product
- * the template saves microseconds a call but costs the compile 4-18 ms
- * more than a BLAS call (mlp_bwd's three products of K = 8 and 16: 36 ->
- * 90 ms), and the smallest measured win was 128x64x256 (2^21). */
-#define TG_MIN_MACS (1 << 21)
+/* ... and when it has at least CG_TG_MIN_MACS multiply-adds (cir.h) */
+#define TG_MIN_MACS CG_TG_MIN_MACS
 /* ... and, packing B, by the heuristic A of at most this many bytes (per
  * batch): beyond it BLAS measured as fast or faster (blocked, best of
  * three: 2048^3, 16 MiB, 47.2 vs BLAS's 45.9 ms; 512x4608x784, a batched

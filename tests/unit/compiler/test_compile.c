@@ -852,6 +852,8 @@ static char *epi_report(kiln_compiler_t *kc, bool product_out, uint32_t *nk)
 Test(fusion, gemm_epilogue_runs_on_its_blocks)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the heuristic as with AVX-512 BLAS (small_products_are_...) */
+	kiln__compiler_set_blas_avx512(kc, true);
 	uint32_t nk;
 	char *rep = epi_report(kc, false, &nk);
 	cr_expect_eq(nk, 1, "%s", rep);
@@ -1871,6 +1873,8 @@ static kiln_graph_t *mm_t_graph(int64_t batch, int64_t m, int64_t k, int64_t n,
 Test(fusion, matrix_vector_products_are_reductions)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the heuristic as with AVX-512 BLAS (small_products_are_...) */
+	kiln__compiler_set_blas_avx512(kc, true);
 	static const struct {
 		int64_t batch, m, k, n;
 		bool at, bt, blas;
@@ -1898,6 +1902,53 @@ Test(fusion, matrix_vector_products_are_reductions)
 		snprintf(what, sizeof(what), "mm case %zu", i);
 		expect_matches_interp(kc, g, "default", 3 + i, 1e-4, what);
 		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* Where BLAS runs pre-AVX-512 kernels, a small f32 product (under the
+ * template's 2^21 multiply-adds) with B contiguous along N is a reduction
+ * kernel vectorized across N too (ops_gemm.c small_ok: no BLAS call,
+ * packing or threading; GPT-2's corpus backward 0.18-0.21 -> 0.14 ms); a
+ * transposed B stays BLAS's, and with AVX-512 BLAS all do. Rows and
+ * columns that leave partial blocks of 64 and 16 lanes, a batch, and A
+ * transposed (read one element a k). Against the interpreter. */
+Test(fusion, small_products_are_reductions_where_blas_is_pre_avx512)
+{
+	if (!__builtin_cpu_supports("avx512f"))
+		cr_skip_test("no AVX-512: small products are BLAS's");
+	kiln_compiler_t *kc = new_compiler();
+	if (strstr(kiln_compiler_fingerprint(kc), "blas/none") != NULL) {
+		kiln_compiler_free(kc);
+		cr_skip_test("no BLAS library here");
+	}
+	static const struct {
+		int64_t batch, m, k, n;
+		bool at, bt;
+	} cases[] = {
+	    {0, 32, 64, 256, false, false}, {0, 37, 50, 100, true, false},
+	    {8, 16, 16, 16, false, false},  {3, 9, 40, 70, false, false},
+	    {0, 32, 64, 256, false, true},
+	};
+	for (int avx512 = 1; avx512 >= 0; avx512--) {
+		kiln__compiler_set_blas_avx512(kc, avx512 != 0);
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			kiln_graph_t *g =
+			    mm_t_graph(cases[i].batch, cases[i].m, cases[i].k,
+				       cases[i].n, cases[i].at, cases[i].bt);
+			char *rep;
+			n_kernels(kc, g, &rep);
+			bool blas = strstr(rep, "matmul via BLAS") != NULL;
+			cr_expect_eq(blas, avx512 || cases[i].bt,
+				     "avx512 %d case %zu:\n%s", avx512, i, rep);
+			free(rep);
+			char what[64];
+			snprintf(what, sizeof(what), "small mm %zu, avx512 %d",
+				 i, avx512);
+			expect_matches_interp(kc, g, "default", 71 + i, 1e-4,
+					      what);
+			kiln_graph_free(g);
+		}
 	}
 	kiln_compiler_free(kc);
 }
@@ -2029,6 +2080,9 @@ Test(autotune, products_and_convolutions_are_chosen_by_measurement,
      .timeout = 300)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the heuristic as with AVX-512 BLAS: with an older one a product
+	 * this small is a reduction (small_products_are_reductions_...) */
+	kiln__compiler_set_blas_avx512(kc, true);
 	kiln_graph_t *g = mm_graph(48, 40, 1024);
 	char *r1 = tuned_report(kc, g);
 	cr_expect(strstr(r1, "chosen by measurement (max-autotune): BLAS in "

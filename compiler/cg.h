@@ -91,6 +91,10 @@ typedef struct gen {
  * load_strided) */
 #define CG_MAX_STRIDE 4
 
+/* Bytes of the zeroed block guarded loads read where their guard is false
+ * (codegen.c): the widest vector of a lane-uniform guarded row. */
+#define CG_ZERO_BYTES 256
+
 LLVMTypeRef cg_scalar_type(gen_t *g, kiln_dtype_t dt);
 LLVMTypeRef cg_type(gen_t *g, kiln_dtype_t dt, int w);
 LLVMValueRef cg_splat(gen_t *g, LLVMValueRef s, int w);

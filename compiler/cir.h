@@ -274,7 +274,10 @@ typedef struct cctx {
 	/* options */
 	int vec_width; /* f32 lanes */
 	bool use_libmvec;
-	bool nofuse;	  /* KILN_NOFUSE=1: one kernel per compute node */
+	bool nofuse; /* KILN_NOFUSE=1: one kernel per compute node */
+	/* the graph computes channels-last where it declares so (lower.c
+	 * graph_nhwc): 1x1 and depthwise convolutions, realized values */
+	bool nhwc;
 	const char *blas; /* path of the BLAS library kernels call, or NULL */
 	bool blas_avx512; /* ... whose products run AVX-512 kernels */
 	int64_t hint_default;

@@ -279,6 +279,18 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 				same = dim_is(t->sizes[k], 1) ||
 				       dim_is(t->sizes[k], 0) ||
 				       dim_eq(t->strides[k], want[k]);
+			if (!same && wants_nhwc(c, dv, t)) {
+				/* written in NHWC order: a view of a new
+				 * buffer (or of t's own where t is one) */
+				int rc = realize_as_declared(
+				    c, t, dv, g->values[v].producer, &t);
+				if (rc != 0)
+					return rc;
+				same = true;
+				for (uint32_t k = 0; same && k < t->rank; k++)
+					same = dim_is(t->sizes[k], 1) ||
+					       dim_eq(t->strides[k], want[k]);
+			}
 			if (!same) {
 				const sx_t *b = lt_body(c, t);
 				uint32_t nb = new_buf(c, CB_TEMP, t->dtype,

@@ -793,6 +793,114 @@ static bool must_realize(const lt_t *t, uint32_t uses)
 	return false;
 }
 
+/* Whether the graph declares value dv dense channels-last: rank 4 with
+ * static strides [H·W·C, 1, W·C, C] (any stride on a dim of size 1),
+ * more than one channel, more than one position: eager's layout for a
+ * convolution network run channels-last (ConvNeXt's blocks, or
+ * memory_format=torch.channels_last). */
+bool decl_nhwc(const kiln_value_t *dv)
+{
+	if (dv->kind != KILN_VAL_TENSOR || !dv->strides_given || dv->rank != 4)
+		return false;
+	int64_t sz[4];
+	for (int k = 0; k < 4; k++) {
+		if (dv->sizes[k].e != NULL || dv->strides[k].e != NULL)
+			return false;
+		sz[k] = dv->sizes[k].c;
+	}
+	if (sz[1] <= 1 || sz[2] * sz[3] <= 1)
+		return false;
+	const int64_t want[4] = {sz[2] * sz[3] * sz[1], 1, sz[3] * sz[1],
+				 sz[1]};
+	for (int k = 0; k < 4; k++)
+		if (sz[k] != 1 && dv->strides[k].c != want[k])
+			return false;
+	return true;
+}
+
+/* Whether graph g computes channels-last (cctx_t.nhwc): one of its
+ * outputs is a computed value it declares dense channels-last, as a
+ * training forward's activations saved for the backward are where the
+ * model runs channels-last. */
+static bool graph_nhwc(const kiln_graph_t *g)
+{
+	for (uint32_t i = 0; i < g->n_outputs; i++) {
+		const kiln_arg_t *o = &g->outputs[i];
+		if (o->kind == KILN_ARG_REF &&
+		    g->values[o->u.ref].producer >= 0 &&
+		    decl_nhwc(&g->values[o->u.ref]))
+			return true;
+	}
+	return false;
+}
+
+/* Loads of an [N, C, H, W] body that are strided along the dim an
+ * NHWC-order loop runs innermost (C) and along the one an NCHW-order loop
+ * does (W); loads that do not move with a dim (a per-channel parameter,
+ * per-position statistics) are read as broadcasts there and do not
+ * count. */
+struct layout_vote {
+	int64_t bad_nhwc, bad_nchw;
+};
+
+static void layout_vote_load(void *arg, const sx_t *ld)
+{
+	struct layout_vote *v = arg;
+	int64_t kc = 0, kw = 0;
+	if (ld->b != NULL)
+		return;
+	if (ix_coef(ld->idx, 1, &kc) && kc != 0 && kc != 1)
+		v->bad_nhwc++;
+	if (ix_coef(ld->idx, 3, &kw) && kw != 0 && kw != 1)
+		v->bad_nchw++;
+}
+
+/* Whether t, declared dense channels-last, is better computed in NHWC
+ * order: more of its loads are strided along W than along C (its own
+ * channels-last store aside, which an NCHW-order loop writes through
+ * tiles): the output of a channels-last convolution, a LayerNorm2d over
+ * one. A tie keeps the NCHW order (and its tiles). */
+static bool nhwc_order(const lt_t *t)
+{
+	if (t->is_buf)
+		return dim_is(t->strides[1], 1) && !dim_is(t->strides[3], 1);
+	struct layout_vote v = {0, 0};
+	sx_each_load(t->body, layout_vote_load, &v);
+	return v.bad_nchw > v.bad_nhwc;
+}
+
+/* Realizes t in the layout the graph declares for it (dv) where that is
+ * dense channels-last (decl_nhwc) and t is computed best in that order
+ * (nhwc_order): as a view of a buffer written in NHWC order, which kiln's
+ * channels-last convolutions read as it lies. Any other value
+ * contiguous. */
+bool wants_nhwc(cctx_t *c, const kiln_value_t *dv, const lt_t *t)
+{
+	return c->nhwc && t->rank == 4 && decl_nhwc(dv) && nhwc_order(t);
+}
+
+int lt_realize_nhwc(cctx_t *c, lt_t *t, int32_t node, lt_t **out)
+{
+	static const uint32_t nhwc[4] = {0, 2, 3, 1};
+	static const uint32_t nchw[4] = {0, 3, 1, 2};
+	lt_t *p = lt_permute(c, t, nhwc);
+	if (p == NULL)
+		return -ENOMEM;
+	int rc = lt_realize(c, p, node, &p);
+	if (rc != 0)
+		return rc;
+	*out = lt_permute(c, p, nchw);
+	return *out ? 0 : -ENOMEM;
+}
+
+int realize_as_declared(cctx_t *c, lt_t *t, const kiln_value_t *dv,
+			int32_t node, lt_t **out)
+{
+	if (!wants_nhwc(c, dv, t))
+		return lt_realize(c, t, node, out);
+	return lt_realize_nhwc(c, t, node, out);
+}
+
 static int realize_refs(cctx_t *c, const kiln_arg_t *a, int32_t node)
 {
 	if (a->kind == KILN_ARG_LIST) {
@@ -879,6 +987,7 @@ int lower_graph(cctx_t *c)
 	}
 	for (uint32_t i = 0; i < g->n_outputs; i++)
 		count_use(c, &g->outputs[i]);
+	c->nhwc = graph_nhwc(g);
 	for (uint32_t i = 0; i < g->n_inputs; i++) {
 		int rc = bind_input(c, i);
 		if (rc != 0)
@@ -943,7 +1052,9 @@ int lower_graph(cctx_t *c)
 				continue;
 			}
 			if (must_realize(t, c->uses[v])) {
-				rc = lt_realize(c, t, (int32_t)i, &c->vals[v]);
+				rc = realize_as_declared(c, t, &g->values[v],
+							 (int32_t)i,
+							 &c->vals[v]);
 				if (rc != 0)
 					return rc;
 			}

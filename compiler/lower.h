@@ -104,4 +104,16 @@ int lgemm_node(lnode_t *n, const lt_t *a, const lt_t *b, const convspec_t *conv,
 /* gelu of a float scalar expression (ops_pointwise.c). */
 const sx_t *sx_gelu(cctx_t *c, const sx_t *x, bool tanh_approx);
 
+/* Whether value dv is declared dense channels-last; whether t (of dv's
+ * sizes) is computed channels-last: the graph computes so (cctx_t.nhwc),
+ * dv is declared so and t reads more data that way; t realized so where
+ * it is (a view of an NHWC buffer), else contiguous (lower.c). */
+bool decl_nhwc(const kiln_value_t *dv);
+bool wants_nhwc(cctx_t *c, const kiln_value_t *dv, const lt_t *t);
+int realize_as_declared(cctx_t *c, lt_t *t, const kiln_value_t *dv,
+			int32_t node, lt_t **out);
+/* t [N, C, H, W] computed into a buffer in NHWC order, *out the [N, C, H,
+ * W] view of it (channels-last strides). */
+int lt_realize_nhwc(cctx_t *c, lt_t *t, int32_t node, lt_t **out);
+
 #endif

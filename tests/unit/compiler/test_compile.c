@@ -1763,19 +1763,26 @@ Test(conv, bias_gradient_of_channels_last_reads_runs_along_channels)
 	kiln_compiler_free(kc);
 }
 
-/* grad_weight of a batch of small images is one product whose K is every
- * image's output positions ([O, N·OH·OW] @ [N·OH·OW, C·KH·KW]) where a
- * product per image would make [N, O, C·KH·KW] of at least 2^18 elements
- * (ResNet-50's late layers: K = 16 a product before); smaller ones keep
- * the product per image. Against the interpreter. */
-Test(conv, small_images_weight_gradient_is_one_product)
+/* The gradients of a batch of small images (under 128 output positions
+ * each) are one product each over the batch's positions:
+ * - grad_weight, whose K is every image's output positions ([O,
+ *   N·OH·OW] @ [N·OH·OW, C·KH·KW]), where a product per image would make
+ *   [N, O, C·KH·KW] of at least 2^18 elements (ResNet-50's late layers:
+ *   K = 16 a product before); smaller ones keep the product per image;
+ * - grad_input, Wᵀ [C·KH·KW, O] @ gO [O, N·OH·OW] read back through a
+ *   view (ConvNeXt-nano's 640 -> 2560 at 4², batch 8: 8 products of 16
+ *   columns, Wᵀ packed for each, took 5.5 ms).
+ * Larger images keep a product per image. Against the interpreter. */
+Test(conv, small_images_gradients_are_one_product_each)
 {
 	kiln_compiler_t *kc = new_compiler();
 	static const struct {
 		int64_t N, C, O, H;
-		const char *prod;
-	} cs[] = {{4, 64, 128, 8, "[128, 576] K=[256]"},
-		  {2, 8, 16, 8, "[2, 16, 72] K=[64]"}};
+		const char *gw, *gi;
+	} cs[] = {
+	    {4, 64, 128, 8, "[128, 576] K=[256]", "[576, 256] K=[128]"},
+	    {2, 8, 16, 8, "[2, 16, 72] K=[64]", "[72, 128] K=[16]"},
+	    {2, 16, 32, 12, "[2, 32, 144] K=[144]", "[2, 144, 144] K=[32]"}};
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		kiln_graph_t *g =
 		    conv_bw_graph(cs[i].N, cs[i].C, cs[i].O, cs[i].H);
@@ -1783,8 +1790,86 @@ Test(conv, small_images_weight_gradient_is_one_product)
 		snprintf(
 		    what, sizeof(what), "conv backward [%lld, %lld, %lld²]",
 		    (long long)cs[i].N, (long long)cs[i].C, (long long)cs[i].H);
-		expect_report_has(kc, g, cs[i].prod, true, what);
+		expect_report_has(kc, g, cs[i].gw, true, what);
+		expect_report_has(kc, g, cs[i].gi, true, what);
 		expect_matches_interp(kc, g, "default", 60 + i, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* A channels-last block: x [2, H, W, C] permuted to [2, C, H, W] (a
+ * channels-last view), y = conv1x1(x; w1 [O, C], b1) and z =
+ * depthwise 7x7 (padding 3) of y (wd [O, 1, 7, 7], bd), both outputs,
+ * declared channels-last (cl) or contiguous. */
+static kiln_graph_t *cl_block_graph(int64_t C, int64_t O, int64_t H, int64_t W,
+				    bool cl)
+{
+	gb_t b;
+	const int64_t x4[4] = {2, H, W, C}, w1[4] = {O, C, 1, 1}, b1[1] = {O},
+		      wd[4] = {O, 1, 7, 7}, y4[4] = {2, O, H, W};
+	const int64_t ycl[4] = {H * W * O, 1, W * O, O},
+		      yco[4] = {O * H * W, H * W, W, 1};
+	gb_init(&b);
+	graph_head(&b, 5);
+	specn(&b, "f32", x4, 4);
+	specn(&b, "f32", w1, 4);
+	specn(&b, "f32", b1, 1);
+	specn(&b, "f32", wd, 4);
+	specn(&b, "f32", b1, 1);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 3);
+	nhwc_to_nchw(&b, 0, 2, C, H, W);	      /* value 5 */
+	node_head(&b, "aten.convolution.default", 9); /* value 6 */
+	ref(&b, 5);
+	ref(&b, 1);
+	ref(&b, 2);
+	conv_args_s1(&b, 0, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec4_strided(&b, y4, cl ? ycl : yco);
+	node_head(&b, "aten.convolution.default", 9); /* value 7 */
+	ref(&b, 6);
+	ref(&b, 3);
+	ref(&b, 4);
+	conv_args_s1(&b, 3, O);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec4_strided(&b, y4, cl ? ycl : yco);
+	return end_graph(&b, 6, 2, "channels-last block");
+}
+
+/* Where a graph hands back channels-last activations (a training forward
+ * saving them for the backward, the model run channels-last), a 1x1
+ * convolution is one product over every position, [N·H·W, C] @ Wᵀ, and a
+ * depthwise one sums its taps with the channels as the vector ([N, H, W,
+ * 7*, 7*, C]), both writing channels-last: no transposing copy of any
+ * output (ConvNeXt-nano's training forward 47-49 -> 43-45 ms). The
+ * depthwise kernel's padding test is the same in every lane: it reads
+ * whole rows from x or from a zeroed block, with no masked load (4x slower
+ * on a Zen 5 where the masked-off addresses met lines just written).
+ * Declared contiguous, the same graph keeps the NCHW forms. Against the
+ * interpreter. */
+Test(conv, channels_last_graphs_compute_convolutions_channels_last)
+{
+	kiln_compiler_t *kc = new_compiler();
+	for (int cl = 0; cl < 2; cl++) {
+		kiln_graph_t *g = cl_block_graph(64, 48, 8, 12, cl);
+		const char *what = cl ? "1x1 + depthwise, channels-last"
+				      : "1x1 + depthwise, contiguous";
+		expect_report_has(kc, g, "[192, 48] K=[64]", cl, what);
+		expect_report_has(kc, g, "row kernel [2, 8, 12, 7*, 7*, 48]",
+				  cl, what);
+		expect_report_has(kc, g, "1*, 7*, 7*, 8, 12]", !cl, what);
+		expect_report_has(kc, g, "through tiles", false, what);
+		if (cl) {
+			char *ir = emit_text(kc, g, KILN_EMIT_LLVM_RAW, NULL);
+			cr_assert(ir != NULL);
+			cr_expect(strstr(ir, "llvm.masked.load") == NULL,
+				  "%s: a masked load", what);
+			free(ir);
+		}
+		expect_matches_interp(kc, g, "default", 140 + cl, 1e-4, what);
 		kiln_graph_free(g);
 	}
 	kiln_compiler_free(kc);

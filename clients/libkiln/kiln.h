@@ -69,14 +69,23 @@ void kiln_pool_free(kiln_pool_t *p);
 /*
  * The process-wide pool, created on first use (pthread_once) with
  * $KILN_THREADS participants when that is set to 1 .. KILN_POOL_MAX_THREADS,
- * else one per online CPU this process may run on. Owned by libkiln and
- * never freed. NULL only when even a one-thread pool could not be allocated
- * (callers then run inline).
+ * else one per online CPU this process may run on (in OpenMP mode,
+ * kiln_pool_kind: omp_get_max_threads() at each range). Owned by libkiln
+ * and never freed. NULL only when even a one-thread pool could not be
+ * allocated (callers then run inline).
  */
 kiln_pool_t *kiln_pool_default(void);
 
 /* The number of participants (workers + the submitting thread). */
 unsigned kiln_pool_threads(const kiln_pool_t *p);
+
+/*
+ * "kiln" (a pool of kiln's own threads), "openmp" (the default pool in a
+ * process with GNU OpenMP loaded, torch's: its ranges run as parallel
+ * regions of that runtime, on its threads; KILN_POOL=auto|openmp|own, see
+ * clients/libkiln/README.md) or "none" (p NULL).
+ */
+const char *kiln_pool_kind(const kiln_pool_t *p);
 
 /*
  * Calls fn(ctx, b, e) over contiguous pieces that cover [0, extent) exactly

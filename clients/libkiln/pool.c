@@ -20,9 +20,22 @@
  * (while it is linked) and the decrement that unregisters it; after that
  * decrement it may still futex_wake the address, which is harmless. Any
  * thread may submit; kiln_pool_free only with no range running.
+ *
+ * OpenMP mode (the default pool only, KILN_POOL): in a process that has
+ * loaded GNU OpenMP (libgomp.so.1: torch's intra-op threads), a range runs
+ * as one parallel region of that runtime (GOMP_parallel, found with dlsym),
+ * the team claiming the same pieces, and the pool starts no thread of its
+ * own. Two pools of spinning threads on the same cores had cost kiln's
+ * kernels their speed whenever they followed torch's ops (an idle OpenMP
+ * thread spins for milliseconds): ConvNeXt-nano's training step, whose
+ * kiln graphs alternate with autograd and the optimizer, 175 -> 159 ms
+ * with OMP_WAIT_POLICY=PASSIVE before this mode. The team's threads must
+ * have stacks of at least POOL_MIN_STACK (checked once), else the pool is
+ * kiln's own.
  */
 #include "clients/libkiln/kiln.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -39,6 +52,11 @@
 #define SPIN_NS	   50000 /* idle spin before sleeping: 50 us */
 #define WAIT_BIT   0x80000000u
 #define POOL_STACK (8u << 20) /* each worker's stack: 8 MiB */
+/* the least stack an OpenMP team thread must have to run kernels */
+#define POOL_MIN_STACK (4u << 20)
+
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+typedef int (*omp_int_fn)(void);
 
 typedef struct job {
 	kiln_range_fn fn;
@@ -59,6 +77,10 @@ struct kiln_pool {
 	_Atomic uint32_t epoch;
 	_Atomic uint32_t sleepers;
 	_Atomic bool stop;
+	/* OpenMP mode: ranges run as GOMP_parallel regions; n_threads 0
+	 * follows omp_get_max_threads (torch.set_num_threads) */
+	gomp_parallel_fn omp_parallel;
+	omp_int_fn omp_max_threads;
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
@@ -237,6 +259,54 @@ void kiln_pool_free(kiln_pool_t *p)
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static kiln_pool_t *default_pool;
 
+/* Run by every thread of the probe's team: the smallest stack among them
+ * (pthread_getattr_np), kept with an atomic min. */
+static void stack_probe(void *arg)
+{
+	_Atomic size_t *least = arg;
+	pthread_attr_t attr;
+	size_t size = 0;
+	void *addr = NULL;
+	if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+		if (pthread_attr_getstack(&attr, &addr, &size) != 0)
+			size = 0;
+		pthread_attr_destroy(&attr);
+	}
+	size_t cur = atomic_load(least);
+	while (size < cur && !atomic_compare_exchange_weak(least, &cur, size))
+		;
+}
+
+/* The OpenMP mode's entry points where KILN_POOL allows it ("auto", the
+ * default: a libgomp.so.1 the process has loaded already; "openmp": loaded
+ * here if need be; "own": never) and the runtime's team threads have
+ * POOL_MIN_STACK; false otherwise. */
+static bool find_openmp(unsigned n, gomp_parallel_fn *par, omp_int_fn *max)
+{
+	const char *mode = getenv("KILN_POOL");
+	int flags = RTLD_NOW | RTLD_LOCAL;
+	if (mode != NULL && strcmp(mode, "own") == 0)
+		return false;
+	if (mode == NULL || *mode == '\0' || strcmp(mode, "auto") == 0)
+		flags |= RTLD_NOLOAD;
+	else if (strcmp(mode, "openmp") != 0)
+		return false;
+	void *h = dlopen("libgomp.so.1", flags);
+	if (h == NULL)
+		return false;
+	*par = (gomp_parallel_fn)(uintptr_t)dlsym(h, "GOMP_parallel");
+	*max = (omp_int_fn)(uintptr_t)dlsym(h, "omp_get_max_threads");
+	if (*par == NULL || *max == NULL) {
+		dlclose(h);
+		return false;
+	}
+	/* h stays open: the pool calls into it for the process's life */
+	unsigned team = n > 0 ? n : (unsigned)(*max)();
+	_Atomic size_t least = SIZE_MAX;
+	(*par)(stack_probe, (void *)&least, team > 1 ? team : 2, 0);
+	return atomic_load(&least) >= POOL_MIN_STACK;
+}
+
 static void default_init(void)
 {
 	unsigned n = 0;
@@ -247,8 +317,33 @@ static void default_init(void)
 		if (*end == '\0' && v >= 1 && v <= KILN_POOL_MAX_THREADS)
 			n = (unsigned)v;
 	}
+	gomp_parallel_fn par;
+	omp_int_fn max;
+	if (find_openmp(n, &par, &max)) {
+		kiln_pool_t *p = calloc(1, sizeof(*p));
+		if (p != NULL && pthread_mutex_init(&p->mu, NULL) == 0) {
+			p->n_threads = n;
+			p->omp_parallel = par;
+			p->omp_max_threads = max;
+			default_pool = p;
+			return;
+		}
+		free(p);
+	}
 	if (kiln_pool_new(n, &default_pool) != 0)
 		(void)kiln_pool_new(1, &default_pool);
+}
+
+const char *kiln_pool_kind(const kiln_pool_t *p)
+{
+	if (p == NULL)
+		return "none";
+	return p->omp_parallel != NULL ? "openmp" : "kiln";
+}
+
+static void omp_body(void *arg)
+{
+	run_pieces(arg);
 }
 
 kiln_pool_t *kiln_pool_default(void)
@@ -259,7 +354,15 @@ kiln_pool_t *kiln_pool_default(void)
 
 unsigned kiln_pool_threads(const kiln_pool_t *p)
 {
-	return p != NULL ? p->n_threads : 1;
+	if (p == NULL)
+		return 1;
+	if (p->omp_parallel != NULL && p->n_threads == 0) {
+		int n = p->omp_max_threads();
+		return n < 1			   ? 1
+		       : n > KILN_POOL_MAX_THREADS ? KILN_POOL_MAX_THREADS
+						   : (unsigned)n;
+	}
+	return p->n_threads;
 }
 
 void kiln_pool_parallel_for(kiln_pool_t *p, int64_t extent, int64_t grain,
@@ -270,7 +373,7 @@ void kiln_pool_parallel_for(kiln_pool_t *p, int64_t extent, int64_t grain,
 	if (grain < 1)
 		grain = 1;
 	int64_t n = extent / grain; /* pieces: each >= grain units */
-	int64_t threads = p != NULL ? (int64_t)p->n_threads : 1;
+	int64_t threads = (int64_t)kiln_pool_threads(p);
 	if (n > threads)
 		n = threads;
 	if (n <= 1) {
@@ -286,6 +389,12 @@ void kiln_pool_parallel_for(kiln_pool_t *p, int64_t extent, int64_t grain,
 	atomic_init(&j.next, 0);
 	atomic_init(&j.state, 0);
 	j.succ = NULL;
+	if (p->omp_parallel != NULL) {
+		/* one region of the OpenMP team; it returns after the
+		 * region's barrier, every piece done */
+		p->omp_parallel(omp_body, &j, (unsigned)n, 0);
+		return;
+	}
 
 	pthread_mutex_lock(&p->mu);
 	j.prev = p->tail;

@@ -209,6 +209,26 @@ def test_explain_model_prints_graphs_kernels_and_time(kiln_daemon):
         assert f"blas: OpenBLAS with its {want.decode()} kernels" in out, out
     else:
         assert "blas: OpenBLAS with its " in out, out
+    # kiln's kernels ran on torch's OpenMP team (libgomp, which torch loads)
+    assert "threads: kernels run on the OpenMP team torch's ops use" in out, out
+
+
+def test_kernels_run_on_torchs_openmp_team_unless_told_otherwise(tmp_path):
+    """In a torch process the default pool is torch's OpenMP team, sized by
+    torch.set_num_threads (KILN_THREADS when set); KILN_POOL=own keeps
+    kiln's own threads. A model run through kiln matches eager either way."""
+    code = ("import sys, torch; sys.path.insert(0, {data!r}); torch.set_num_threads(2)\n"
+            "import kiln.runtime as r, capture_corpus as cc\n"
+            "print(r.pool())\n")
+    script = _script(tmp_path, "pool.py", code)
+    for extra, want in (({}, "('openmp', 2)"), ({"KILN_THREADS": "3"}, "('openmp', 3)"),
+                        ({"KILN_POOL": "own", "KILN_THREADS": "2"}, "('kiln', 2)")):
+        env = {k: v for k, v in os.environ.items() if k not in ("KILN_THREADS", "KILN_POOL")}
+        env.update(extra)
+        r = subprocess.run([sys.executable, script], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip().splitlines()[-1] == want, (extra, r.stdout, r.stderr)
 
 
 def test_explain_in_process_sources_and_cache_hits(kiln_daemon):

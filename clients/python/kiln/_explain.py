@@ -339,6 +339,14 @@ def _blas_core():
         return None
 
 
+def _pool():
+    try:
+        from .runtime import pool
+        return pool()
+    except Exception:  # no libkiln here: nothing ran
+        return None
+
+
 class Report:
     """What kiln did. graphs: list of dicts (see graph_info), totals: dict,
     times: dict of ms (keys below; a missing one was not measured),
@@ -369,11 +377,14 @@ class Report:
         self.total_label = total_label
         # the kernels OpenBLAS runs, once a product has loaded it
         self.blas = _blas_core()
+        # the threads kiln's kernels ran on: (kind, count)
+        self.pool = _pool()
 
     def as_dict(self):
         return {"title": self.title, "graphs": self.graphs, "totals": self.totals,
                 "times": self.times, "graph_breaks": self.graph_breaks,
                 "dynamo_graphs": self.dynamo_graphs, "blas": self.blas,
+                "pool": list(self.pool) if self.pool else None,
                 "profile": self.profile}
 
     def __repr__(self):
@@ -447,6 +458,11 @@ class Report:
                            f"step {r['step']}: {what}{op}")
         if self.blas:
             out += ["", f"blas: OpenBLAS with its {self.blas} kernels"]
+        if self.pool:
+            kind, n = self.pool
+            where = ("the OpenMP team torch's ops use" if kind == "openmp"
+                     else "kiln's own threads")
+            out += [f"threads: kernels run on {where}, {n} at most"]
         return "\n".join(out)
 
     @staticmethod

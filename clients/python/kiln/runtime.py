@@ -195,6 +195,12 @@ def lib():
         L.kiln_blas_corename.restype = ctypes.c_char_p
         L.kiln_blas_coretype.argtypes = []
         L.kiln_blas_coretype.restype = ctypes.c_char_p
+        L.kiln_pool_default.argtypes = []
+        L.kiln_pool_default.restype = ctypes.c_void_p
+        L.kiln_pool_kind.argtypes = [ctypes.c_void_p]
+        L.kiln_pool_kind.restype = ctypes.c_char_p
+        L.kiln_pool_threads.argtypes = [ctypes.c_void_p]
+        L.kiln_pool_threads.restype = ctypes.c_uint
         L.kiln_err_wire_name.argtypes = [ctypes.c_int]
         L.kiln_err_wire_name.restype = ctypes.c_char_p
         _libc.free.argtypes = [ctypes.c_void_p]
@@ -211,6 +217,17 @@ def blas_core():
     path = os.environ.get("KILN_BLAS")
     r = lib().kiln_blas_corename(path.encode() if path else None)
     return r.decode() if r else None
+
+
+def pool():
+    """Where kiln's kernels run in this process: ("openmp", n) on the
+    OpenMP team torch's own ops use (libgomp, loaded by torch; n follows
+    torch.set_num_threads unless KILN_THREADS is set), or ("kiln", n) on
+    libkiln's own threads (KILN_POOL=own, or no GNU OpenMP in the process).
+    clients/libkiln/README.md, Threads."""
+    L = lib()
+    p = L.kiln_pool_default()
+    return L.kiln_pool_kind(p).decode(), int(L.kiln_pool_threads(p))
 
 
 def eval_expr(expr, env):

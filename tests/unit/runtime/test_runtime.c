@@ -10,9 +10,12 @@
  */
 #include "helpers.h"
 
+#include <dlfcn.h>
 #include <elf.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SO    KILN_TESTKERNELS_SO
 #define SO_V2 KILN_TESTKERNELS_V2_SO
@@ -138,6 +141,123 @@ Test(pool, default_pool_is_shared_and_sized)
 	kiln_pool_t *q = NULL;
 	cr_assert_eq(kiln_pool_new(KILN_POOL_MAX_THREADS + 1, &q), -EINVAL);
 	cr_assert_null(q);
+}
+
+/* LeakSanitizer's hook: GNU OpenMP keeps 8 bytes per process it never
+ * frees (its team's bookkeeping, malloc'ed at the first parallel region),
+ * which the OpenMP-mode tests load. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+	return "leak:libgomp.so\n";
+}
+
+/* Records, from each piece, whether a thread of kiln's own pool ran it
+ * (named kiln-pool-N), on top of cover_fn. */
+typedef struct whorun {
+	cover_t c;
+	_Atomic int own, others;
+} whorun_t;
+
+static void whorun_fn(void *ctx, int64_t b, int64_t e)
+{
+	whorun_t *w = ctx;
+	char name[16] = "";
+	pthread_getname_np(pthread_self(), name, sizeof(name));
+	if (strncmp(name, "kiln-pool", 9) == 0)
+		atomic_fetch_add(&w->own, 1);
+	else
+		atomic_fetch_add(&w->others, 1);
+	struct timespec ts = {0, 200000}; /* 0.2 ms: every thread gets one */
+	nanosleep(&ts, NULL);
+	cover_fn(&w->c, b, e);
+}
+
+/* Runs a range of n units in pieces of grain 1 on the default pool; every
+ * unit once; *own and *others: the pieces run by kiln's threads and by
+ * any other thread (the caller's, an OpenMP team's). */
+static void run_default(int64_t n, int *own, int *others)
+{
+	whorun_t w;
+	memset(&w, 0, sizeof(w));
+	w.c.hits = calloc((size_t)n, sizeof(int32_t));
+	w.c.grain = 1;
+	kiln_pool_parallel_for(kiln_pool_default(), n, 1, whorun_fn, &w);
+	for (int64_t i = 0; i < n; i++)
+		cr_assert_eq(w.c.hits[i], 1, "unit %lld ran %d times",
+			     (long long)i, (int)w.c.hits[i]);
+	free(w.c.hits);
+	*own = w.own;
+	*others = w.others;
+}
+
+/* Whether libgomp.so.1 can be loaded here (the Debian package libgomp1);
+ * it stays loaded (unloaded, its leak would lose its name). */
+static bool have_libgomp(void)
+{
+	return dlopen("libgomp.so.1", RTLD_NOW | RTLD_LOCAL) != NULL;
+}
+
+/* KILN_POOL=openmp: the default pool runs its ranges as parallel regions
+ * of GNU OpenMP (torch's threads, in a torch process), on that runtime's
+ * team, not on threads of its own; KILN_THREADS sizes the team. */
+Test(pool, openmp_mode_runs_ranges_on_the_openmp_team)
+{
+	if (!have_libgomp()) {
+		cr_skip_test("libgomp.so.1 is not installed: no OpenMP mode "
+			     "to test");
+	}
+	setenv("KILN_POOL", "openmp", 1);
+	setenv("KILN_THREADS", "3", 1);
+	kiln_pool_t *p = kiln_pool_default();
+	cr_assert_str_eq(kiln_pool_kind(p), "openmp");
+	cr_assert_eq(kiln_pool_threads(p), 3);
+	int own, others;
+	run_default(12, &own, &others);
+	cr_expect_eq(own, 0);
+	cr_expect_eq(others, 3, "3 pieces of 12 units on a team of 3");
+	run_default(1, &own, &others); /* under a grain: inline */
+	cr_expect_eq(others, 1);
+	cr_assert_str_eq(kiln_pool_kind(NULL), "none");
+}
+
+/* KILN_POOL=own, or auto in a process without GNU OpenMP loaded, or an
+ * OpenMP team whose threads have stacks under 4 MiB (kernels keep
+ * scratches of up to 1.2 MiB there): kiln's own pool. */
+Test(pool, own_pool_where_openmp_is_not_asked_for_or_unfit)
+{
+	static const struct {
+		const char *pool, *stack;
+	} cs[] = {{"own", NULL}, {"auto", NULL}, {"openmp", "1M"}};
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		if (i == 1 && dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD))
+			continue; /* loaded already: auto would take it */
+		/* each case in a child of its own, libgomp not loaded yet
+		 * (it reads OMP_STACKSIZE when it loads); without libgomp
+		 * installed, "openmp" is kiln's own pool as well */
+		pid_t pid = fork();
+		cr_assert_geq(pid, 0);
+		if (pid == 0) {
+			setenv("KILN_POOL", cs[i].pool, 1);
+			setenv("KILN_THREADS", "2", 1);
+			if (cs[i].stack != NULL)
+				setenv("OMP_STACKSIZE", cs[i].stack, 1);
+			kiln_pool_t *p = kiln_pool_default();
+			int own = 0, others = 0;
+			run_default(8, &own, &others);
+			_exit(strcmp(kiln_pool_kind(p), "kiln") == 0 &&
+				      kiln_pool_threads(p) == 2 &&
+				      own + others == 2
+				  ? 0
+				  : 1);
+		}
+		int st = 0;
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+			  "KILN_POOL=%s%s%s: not kiln's own pool of 2",
+			  cs[i].pool, cs[i].stack ? ", OMP_STACKSIZE=" : "",
+			  cs[i].stack ? cs[i].stack : "");
+	}
 }
 
 /* Several threads submitting to one pool at once. */

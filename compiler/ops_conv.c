@@ -226,6 +226,34 @@ static bool chan_unit(const lt_t *t)
 	return t->is_buf && t->rank == 4 && dim_is(t->strides[1], 1);
 }
 
+/* t [N, C, H, W] as the row-major [N·H·W, C] matrix of its channels-last
+ * data in dtype acc (*rows), realized channels-last first where t is not
+ * such a buffer of dtype acc; *view (where asked) the [N, C, H, W] view of
+ * that data. */
+static int nhwc_rows(lnode_t *n, lt_t *t, kiln_dtype_t acc, lt_t **view,
+		     lt_t **rows)
+{
+	cctx_t *c = n->c;
+	static const uint32_t nhwc[4] = {0, 2, 3, 1};
+	if (!chan_unit(t) || t->dtype != acc) {
+		lt_t *u =
+		    lt_fn(c, acc, 4, t->sizes, sx_cast(c, lt_body(c, t), acc));
+		if (u == NULL)
+			return -ENOMEM;
+		int rc = lt_realize_nhwc(c, u, (int32_t)n->index, &t);
+		if (rc != 0)
+			return rc;
+	}
+	if (view != NULL)
+		*view = t;
+	kiln_dim_t r2[2] = {
+	    dim_const(t->sizes[0].c * t->sizes[2].c * t->sizes[3].c),
+	    dim_const(t->sizes[1].c)};
+	lt_t *p = lt_permute(c, t, nhwc);
+	*rows = p ? lt_reshape(c, p, 2, r2) : NULL;
+	return *rows ? 0 : -ENOMEM;
+}
+
 /* The weight w as the product's A: [O, K] (K = C·KH·KW, or C for a 1x1),
  * a buffer of dtype acc with unit stride along K. */
 static int weight_2d(lnode_t *n, lt_t *w, int64_t O, int64_t K,
@@ -419,20 +447,16 @@ static int conv_1x1_nhwc(lnode_t *n, lt_t *x, lt_t *w, kiln_dtype_t acc,
 			 lt_t **y)
 {
 	cctx_t *c = n->c;
-	static const uint32_t to_nhwc[4] = {0, 2, 3, 1};
 	static const uint32_t to_nchw[4] = {0, 3, 1, 2};
-	lt_t *xp = lt_permute(c, x, to_nhwc), *xb, *wa;
-	if (xp == NULL)
-		return -ENOMEM;
-	int rc = acc_buf(n, xp, acc, true, &xb);
+	lt_t *a, *wa;
+	int rc = nhwc_rows(n, x, acc, NULL, &a); /* [N·H·W, C] */
 	if (rc == 0)
 		rc = weight_2d(n, w, O, C, acc, &wa);
 	if (rc != 0)
 		return rc;
-	kiln_dim_t a2[2] = {dim_const(N * H * W), dim_const(C)};
 	const uint32_t tr[2] = {1, 0};
-	lt_t *a = lt_reshape(c, xb, 2, a2), *bt = lt_permute(c, wa, tr);
-	if (a == NULL || bt == NULL)
+	lt_t *bt = lt_permute(c, wa, tr);
+	if (bt == NULL)
 		return -ENOMEM;
 	lt_t *o2;
 	rc = lgemm(n, a, bt, acc, &o2);
@@ -1006,6 +1030,62 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	return 0;
 }
 
+/* The backward of a 1x1, stride-1, unpadded convolution (groups == 1)
+ * over a channels-last input x whose grad_input the graph declares
+ * channels-last (ConvNeXt's pointwise convolutions, a model run
+ * channels-last): with grad_output gO made channels-last first where it is
+ * not, [N·H·W, O] row-major,
+ *   grad_input [N·H·W, C] = gO @ W, channels-last as declared;
+ *   grad_weight [O, C] = gOᵀ @ x [N·H·W, C], one product with K = N·H·W.
+ * *gop becomes the channels-last gO, which grad_bias then sums with the
+ * channels as vectors. The NCHW form (conv_bw_gemm) transposed gO and
+ * wrote grad_input NCHW, which the LayerNorm2d backward after it read
+ * across its channels (a gather a vector). */
+static int conv_bw_1x1_nhwc(lnode_t *n, lt_t *x, lt_t *w, lt_t **gop,
+			    const bool *mask, kiln_dtype_t acc)
+{
+	cctx_t *c = n->c;
+	int64_t N = x->sizes[0].c, C = x->sizes[1].c, H = x->sizes[2].c,
+		W = x->sizes[3].c, O = w->sizes[0].c;
+	static const uint32_t nchw[4] = {0, 3, 1, 2};
+	const uint32_t tr[2] = {1, 0};
+	lt_t *go2, *xb;
+	int rc = nhwc_rows(n, *gop, acc, gop, &go2); /* [N·H·W, O] */
+	if (rc != 0)
+		return rc;
+	if (mask[0]) {
+		lt_t *wb, *gi2;
+		rc = weight_2d(n, w, O, C, acc, &wb);
+		if (rc == 0)
+			rc = lgemm(n, go2, wb, acc, &gi2);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t i4[4] = {dim_const(N), dim_const(H), dim_const(W),
+				    dim_const(C)};
+		lt_t *gi = lt_reshape(c, gi2, 4, i4);
+		rc = lset(n, 0, gi ? lt_permute(c, gi, nchw) : NULL);
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[1] && n->n->n_out > 1) {
+		rc = nhwc_rows(n, x, acc, NULL, &xb); /* [N·H·W, C] */
+		if (rc != 0)
+			return rc;
+		lt_t *gt = lt_permute(c, go2, tr), *gw;
+		if (gt == NULL)
+			return -ENOMEM;
+		rc = lgemm(n, gt, xb, acc, &gw); /* [O, C] */
+		if (rc != 0)
+			return rc;
+		kiln_dim_t w4[4] = {dim_const(O), dim_const(C), dim_const(1),
+				    dim_const(1)};
+		rc = lset(n, 1, lt_reshape(c, gw, 4, w4));
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
 /* A depthwise convolution's weight gradient (Cg == Og == 1) whose input x
  * is channels-last (unit stride along C, as ConvNeXt's blocks leave it):
  * the direct form below runs along OW, where such an x is C elements apart
@@ -1142,8 +1222,19 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 	int64_t Og = O / G;
 	kiln_dtype_t odt = lout(n, 1) ? lout(n, 1)->dtype : x->dtype;
 	kiln_dtype_t acc = compute_dtype(odt);
-	if (G == 1 && c->blas != NULL &&
-	    (acc == KILN_DT_F32 || acc == KILN_DT_F64)) {
+	bool one = G == 1 && cv.nd == 2 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
+		   cv.s[1] == 1 && cv.p[0] == 0 && cv.p[1] == 0;
+	if (one && c->blas != NULL &&
+	    (acc == KILN_DT_F32 || acc == KILN_DT_F64) && chan_unit(x) &&
+	    lout(n, 0) != NULL && decl_nhwc(lout(n, 0))) {
+		/* channels-last; grad_bias below, over the channels-last gO */
+		rc = conv_bw_1x1_nhwc(n, x, w, &go, mask, acc);
+		if (rc != 0)
+			return rc;
+		mask[0] = false;
+		mask[1] = false;
+	} else if (G == 1 && c->blas != NULL &&
+		   (acc == KILN_DT_F32 || acc == KILN_DT_F64)) {
 		/* grad_input and grad_weight through BLAS; grad_bias below */
 		rc = conv_bw_gemm(n, &cv, x, w, go, mask, acc);
 		if (rc != 0)

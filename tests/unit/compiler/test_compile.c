@@ -1798,6 +1798,69 @@ Test(conv, small_images_gradients_are_one_product_each)
 	kiln_compiler_free(kc);
 }
 
+/* convolution_backward of a 1x1 convolution x [2, C, H, W] -> [2, O, H,
+ * W] with x given channels-last (a permuted [2, H, W, C] input) and
+ * grad_output g [2, O, H, W] contiguous; grad_input declared
+ * channels-last (cl) or contiguous. */
+static kiln_graph_t *pw_bw_graph(int64_t C, int64_t O, int64_t H, int64_t W,
+				 bool cl)
+{
+	gb_t b;
+	const int64_t g4[4] = {2, O, H, W}, nhwc[4] = {2, H, W, C},
+		      x4[4] = {2, C, H, W}, w4[4] = {O, C, 1, 1}, b1[1] = {O};
+	const int64_t xcl[4] = {H * W * C, 1, W * C, C},
+		      xco[4] = {C * H * W, H * W, W, 1};
+	gb_init(&b);
+	graph_head(&b, 3);
+	specn(&b, "f32", g4, 4);
+	specn(&b, "f32", nhwc, 4);
+	specn(&b, "f32", w4, 4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 2);
+	nhwc_to_nchw(&b, 1, 2, C, H, W); /* value 3 */
+	node_head(&b, "aten.convolution_backward.default", 11);
+	ref(&b, 0);
+	ref(&b, 3);
+	ref(&b, 2);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, O);
+	conv_args_s1(&b, 0, 1);
+	msgpack_pack_array(&b.pk, 3);
+	for (int i = 0; i < 3; i++)
+		msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	spec4_strided(&b, x4, cl ? xcl : xco);
+	specn(&b, "f32", w4, 4);
+	specn(&b, "f32", b1, 1);
+	return end_graph(&b, 4, 3, "1x1 conv backward");
+}
+
+/* The backward of a 1x1 convolution over a channels-last input whose
+ * grad_input the graph declares channels-last is two products over every
+ * position, grad_output made channels-last first: grad_input [N·H·W, C] =
+ * gO @ W, written channels-last, and grad_weight [O, C] = gOᵀ @ x with K =
+ * N·H·W (ConvNeXt-nano's backward 299 -> 226 kernels, its training step
+ * 156-160 -> 137-138 ms); grad_bias then sums gO with the channels as
+ * vectors. Declared contiguous, it keeps the NCHW form (a product per
+ * image). All three gradients against the interpreter. */
+Test(conv, channels_last_pointwise_backward_is_two_products)
+{
+	kiln_compiler_t *kc = new_compiler();
+	for (int cl = 0; cl < 2; cl++) {
+		kiln_graph_t *g = pw_bw_graph(64, 48, 8, 16, cl);
+		const char *what = cl ? "1x1 backward, grad_input channels-last"
+				      : "1x1 backward, grad_input contiguous";
+		expect_report_has(kc, g, "[256, 64] K=[48]", cl, what);
+		expect_report_has(kc, g, "[48, 64] K=[256]", cl, what);
+		expect_report_has(kc, g, "row kernel [2*, 8*, 16*, 48]", cl,
+				  what);
+		expect_matches_interp(kc, g, "default", 150 + cl, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* A channels-last block: x [2, H, W, C] permuted to [2, C, H, W] (a
  * channels-last view), y = conv1x1(x; w1 [O, C], b1) and z =
  * depthwise 7x7 (padding 3) of y (wd [O, 1, 7, 7], bd), both outputs,

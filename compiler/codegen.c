@@ -3212,7 +3212,7 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 		    "template or faster)";
 	else
 		form = 2;
-	if (form == 2 && (K > TG_PANEL_K || (M * K * 4 > TG_BLOCK_A))) {
+	if (form == 2 && (K > TG_PANEL_K || M * K * 4 > TG_BLOCK_A)) {
 		form = 3;
 		if (f < 0 && !c->blas_avx512)
 			w = "template blocked, A and B packed: at least 2^21 "

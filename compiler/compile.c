@@ -282,8 +282,8 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 			if (!same && wants_nhwc(c, dv, t)) {
 				/* written in NHWC order: a view of a new
 				 * buffer (or of t's own where t is one) */
-				int rc = realize_as_declared(
-				    c, t, dv, g->values[v].producer, &t);
+				int rc = lt_realize_nhwc(
+				    c, t, g->values[v].producer, &t);
 				if (rc != 0)
 					return rc;
 				same = true;

@@ -869,11 +869,9 @@ static bool nhwc_order(const lt_t *t)
 	return v.bad_nchw > v.bad_nhwc;
 }
 
-/* Realizes t in the layout the graph declares for it (dv) where that is
- * dense channels-last (decl_nhwc) and t is computed best in that order
- * (nhwc_order): as a view of a buffer written in NHWC order, which kiln's
- * channels-last convolutions read as it lies. Any other value
- * contiguous. */
+/* Whether t is computed channels-last: the graph computes so (c->nhwc),
+ * declares t's value dv dense channels-last (decl_nhwc), and t is computed
+ * best in that order (nhwc_order). */
 bool wants_nhwc(cctx_t *c, const kiln_value_t *dv, const lt_t *t)
 {
 	return c->nhwc && t->rank == 4 && decl_nhwc(dv) && nhwc_order(t);
@@ -893,6 +891,9 @@ int lt_realize_nhwc(cctx_t *c, lt_t *t, int32_t node, lt_t **out)
 	return *out ? 0 : -ENOMEM;
 }
 
+/* Realizes t where wants_nhwc as a view of a buffer written in NHWC order,
+ * which kiln's channels-last convolutions read as it lies; any other
+ * value contiguous. */
 int realize_as_declared(cctx_t *c, lt_t *t, const kiln_value_t *dv,
 			int32_t node, lt_t **out)
 {

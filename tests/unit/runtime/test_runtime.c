@@ -223,12 +223,14 @@ Test(pool, openmp_mode_runs_ranges_on_the_openmp_team)
 
 /* KILN_POOL=own, or auto in a process without GNU OpenMP loaded, or an
  * OpenMP team whose threads have stacks under 4 MiB (kernels keep
- * scratches of up to 1.2 MiB there): kiln's own pool. */
+ * scratches of up to 1.2 MiB there), or a value KILN_POOL does not take:
+ * kiln's own pool. */
 Test(pool, own_pool_where_openmp_is_not_asked_for_or_unfit)
 {
 	static const struct {
 		const char *pool, *stack;
-	} cs[] = {{"own", NULL}, {"auto", NULL}, {"openmp", "1M"}};
+	} cs[] = {
+	    {"own", NULL}, {"auto", NULL}, {"openmp", "1M"}, {"omp", NULL}};
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		if (i == 1 && dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD))
 			continue; /* loaded already: auto would take it */

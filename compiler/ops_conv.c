@@ -142,6 +142,16 @@ static const sx_t *xin(cctx_t *c, const lt_t *x, const kiln_expr_t *n,
 #define IC(v) ix_const(c, (v))
 #define IV(k) ix_var(c, (k))
 
+/* The input position along spatial dim k (0: H, 1: W) of output
+ * position VAR o and kernel tap VAR t: o·stride + t·dilation - padding. */
+static const kiln_expr_t *win_pos(cctx_t *c, const conv_t *cv, int k,
+				  uint32_t o, uint32_t t)
+{
+	return ix_add(c, ix_mul(c, ix_var(c, o), ix_const(c, cv->s[k])),
+		      ix_sub(c, ix_mul(c, ix_var(c, t), ix_const(c, cv->d[k])),
+			     ix_const(c, cv->p[k])));
+}
+
 /* The im2col buffer (realized) over the 6-d space cs whose vars 4, 5 are
  * the output position (oh, ow) and vars vkh, vkw the kernel tap:
  * x[nn, ch, oh·sh - ph + kh·dh, ow·sw - pw + kw·dw], 0 in the padding. */
@@ -150,12 +160,8 @@ static int im2col(lnode_t *n, lt_t *x, const conv_t *cv, kiln_dtype_t acc,
 		  const kiln_expr_t *ch, uint32_t vkh, uint32_t vkw, lt_t **col)
 {
 	cctx_t *c = n->c;
-	const kiln_expr_t *ih =
-	    ix_add(c, ix_mul(c, IV(4), IC(cv->s[0])),
-		   ix_sub(c, ix_mul(c, IV(vkh), IC(cv->d[0])), IC(cv->p[0])));
-	const kiln_expr_t *iw =
-	    ix_add(c, ix_mul(c, IV(5), IC(cv->s[1])),
-		   ix_sub(c, ix_mul(c, IV(vkw), IC(cv->d[1])), IC(cv->p[1])));
+	const kiln_expr_t *ih = win_pos(c, cv, 0, 4, vkh);
+	const kiln_expr_t *iw = win_pos(c, cv, 1, 5, vkw);
 	lt_t *t =
 	    lt_fn(c, acc, 6, cs, sx_cast(c, xin(c, x, nn, ch, ih, iw), acc));
 	if (t == NULL)
@@ -490,12 +496,8 @@ static int conv_depthwise_nhwc(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	/* vars: 0 n, 1 oh, 2 ow, 3 kh, 4 kw, 5 o */
 	kiln_dim_t fs[6] = {dim_const(N),  dim_const(OH), dim_const(OW),
 			    dim_const(KH), dim_const(KW), dim_const(O)};
-	const kiln_expr_t *ih =
-	    ix_add(c, ix_mul(c, IV(1), IC(cv->s[0])),
-		   ix_sub(c, ix_mul(c, IV(3), IC(cv->d[0])), IC(cv->p[0])));
-	const kiln_expr_t *iw =
-	    ix_add(c, ix_mul(c, IV(2), IC(cv->s[1])),
-		   ix_sub(c, ix_mul(c, IV(4), IC(cv->d[1])), IC(cv->p[1])));
+	const kiln_expr_t *ih = win_pos(c, cv, 0, 1, 3);
+	const kiln_expr_t *iw = win_pos(c, cv, 1, 2, 4);
 	/* the weights as [KH, KW, O] (a small copy): along O, w[o, 0, kh,
 	 * kw] is KH·KW elements apart */
 	kiln_dim_t w3[3] = {dim_const(O), dim_const(KH), dim_const(KW)};
@@ -645,12 +647,8 @@ int low_convolution(cctx_t *c, lnode_t *n)
 				    dim_const(OW)};
 		const kiln_expr_t *ch = ix_add(
 		    c, ix_mul(c, ix_floordiv(c, IV(1), IC(Og)), IC(Cg)), IV(2));
-		const kiln_expr_t *ih = ix_add(
-		    c, ix_mul(c, IV(5), IC(cv.s[0])),
-		    ix_sub(c, ix_mul(c, IV(3), IC(cv.d[0])), IC(cv.p[0])));
-		const kiln_expr_t *iw = ix_add(
-		    c, ix_mul(c, IV(6), IC(cv.s[1])),
-		    ix_sub(c, ix_mul(c, IV(4), IC(cv.d[1])), IC(cv.p[1])));
+		const kiln_expr_t *ih = win_pos(c, &cv, 0, 5, 3);
+		const kiln_expr_t *iw = win_pos(c, &cv, 1, 6, 4);
 		const kiln_expr_t *wi[4] = {IV(1), IV(2), IV(3), IV(4)};
 		const sx_t *body = sx_bin(
 		    c, OP_MUL, sx_cast(c, xin(c, x, IV(0), ch, ih, iw), acc),
@@ -1110,12 +1108,8 @@ static int bw_weight_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *x,
 	 * reduced dim, so the row kernel vectorizes them) */
 	kiln_dim_t fs[6] = {dim_const(KH), dim_const(KW), dim_const(N),
 			    dim_const(OH), dim_const(OW), dim_const(O)};
-	const kiln_expr_t *ih =
-	    ix_add(c, ix_mul(c, IV(3), IC(cv->s[0])),
-		   ix_sub(c, ix_mul(c, IV(0), IC(cv->d[0])), IC(cv->p[0])));
-	const kiln_expr_t *iw =
-	    ix_add(c, ix_mul(c, IV(4), IC(cv->s[1])),
-		   ix_sub(c, ix_mul(c, IV(1), IC(cv->d[1])), IC(cv->p[1])));
+	const kiln_expr_t *ih = win_pos(c, cv, 0, 3, 0);
+	const kiln_expr_t *iw = win_pos(c, cv, 1, 4, 1);
 	const kiln_expr_t *gi[4] = {IV(2), IV(5), IV(3), IV(4)};
 	const sx_t *body =
 	    sx_bin(c, OP_MUL, sx_cast(c, lt_at(c, go, gi), acc),
@@ -1292,12 +1286,8 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 				    dim_const(OW)};
 		const kiln_expr_t *ch = ix_add(
 		    c, ix_mul(c, ix_floordiv(c, IV(0), IC(Og)), IC(Cg)), IV(1));
-		const kiln_expr_t *ih = ix_add(
-		    c, ix_mul(c, IV(5), IC(cv.s[0])),
-		    ix_sub(c, ix_mul(c, IV(2), IC(cv.d[0])), IC(cv.p[0])));
-		const kiln_expr_t *iw = ix_add(
-		    c, ix_mul(c, IV(6), IC(cv.s[1])),
-		    ix_sub(c, ix_mul(c, IV(3), IC(cv.d[1])), IC(cv.p[1])));
+		const kiln_expr_t *ih = win_pos(c, &cv, 0, 5, 2);
+		const kiln_expr_t *iw = win_pos(c, &cv, 1, 6, 3);
 		const kiln_expr_t *gi[4] = {IV(4), IV(0), IV(5), IV(6)};
 		const sx_t *body =
 		    sx_bin(c, OP_MUL, sx_cast(c, lt_at(c, go, gi), acc),

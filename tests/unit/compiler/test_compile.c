@@ -1077,7 +1077,8 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
  * interpreter: y = relu(a @ b) with a [B, M, K] (stored as [B, K, M] and
  * transposed when at: broadcasts along a column) and b [B, K, N] (stored
  * as [B, N, K] and transposed when bt: a weight as linear has it, packed
- * by gathers); relu becomes the product's epilogue. */
+ * 16 k at a time by loads and transposes in registers, a tail of k by
+ * gathers); relu becomes the product's epilogue. */
 static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 			  int64_t N, bool at, bool bt)
 {
@@ -1152,15 +1153,17 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
  * overlapping) or of 6 (one block repeating its last row), 77, 100 and
  * 500 columns (masked tails), a transposed A, a batch of 3 with 45 rows;
  * the batch of 1 checks that a size-1 dim does not keep relu from being
- * the epilogue. Packed B: a transposed B (gathered) with a tail of 13
- * columns, both operands transposed in a batch of 3, a row-major B of
- * 1.1 MiB (masked loads, 512 rows and more), its last panel's tail
- * zero-filled, and both forms of B in column blocks (few row blocks). Blocked
- * (A over 2 MiB): K of 1100 (blocks of 512, 512 and 76, the later ones adding
- * to C) with a transposed B and 77 columns, 520 rows (A's blocks of 64 rows, a
- * last one of 8) and 515 (a last micro-panel of 3 rows, repeating its last one
- * while later K blocks add to C); a transposed A (gathered) with a row-major
- * B; a batch of 3; column blocks (9 panels in two blocks). */
+ * the epilogue. Packed B: a transposed B (transposed in registers, a
+ * tail of 12 k gathered) with a tail of 13 columns, a classifier's 8 rows
+ * of 2048 by a transposed 1000 (its last panel's 8 columns read the last
+ * one again, stored as 0), both operands transposed in a batch of 3, a
+ * row-major B of 1.1 MiB (masked loads, 512 rows and more), its last panel's
+ * tail zero-filled, and both forms of B in column blocks (few row blocks).
+ * Blocked (A over 2 MiB): K of 1100 (blocks of 512, 512 and 76, the later ones
+ * adding to C) with a transposed B and 77 columns, 520 rows (A's blocks of 64
+ * rows, a last one of 8) and 515 (a last micro-panel of 3 rows, repeating its
+ * last one while later K blocks add to C); a transposed A (gathered) with a
+ * row-major B; a batch of 3; column blocks (9 panels in two blocks). */
 Test(fusion, gemm_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -1168,6 +1171,7 @@ Test(fusion, gemm_template_matches_the_interpreter)
 	check_tmpl_mm(kc, 1, 70, 300, 100, false, false);
 	check_tmpl_mm(kc, 3, 45, 100, 500, false, false);
 	check_tmpl_mm(kc, 1, 100, 300, 77, false, true);
+	check_tmpl_mm(kc, 1, 8, 2048, 1000, false, true);
 	check_tmpl_mm(kc, 3, 200, 128, 90, true, true);
 	check_tmpl_mm(kc, 1, 520, 600, 500, false, false);
 	check_tmpl_mm(kc, 1, 512, 300, 1000, false, false);

@@ -3059,7 +3059,8 @@ static int gemm_forced(cctx_t *c, int32_t node)
 /* The GEMM template for a product (not BLAS): f32 on 16-lane vectors.
  * B is read in place when it has unit stride along N and the part of B one
  * unit multiplies (K x its columns) is at most TG_B_MAX, so that it stays
- * in L2 while the unit's row blocks pass over it. Measured with
+ * in L2 while the unit's row blocks pass over it, and its rows do not
+ * crowd one set of L1 (panel_thrashes). Measured with
  * max-autotune (2 threads), in-place template against the best BLAS
  * variant: 256^3 (256 KiB of B) 0.123 vs 0.131 ms, 2048x64x64 0.053 vs
  * 0.078, 128x64x256 0.014 vs 0.021, 37x100x77 0.004 both; from 512 KiB it
@@ -3129,6 +3130,33 @@ static int64_t col_block(cctx_t *c, const lt_t *a, const lt_t *b, int32_t node,
 	return nb < N.c ? nb : 0;
 }
 
+/* Whether a B panel read in place (K rows of CG_TG_NR floats, two cache
+ * lines each, s = ldb·4 bytes apart) crowds a few sets of L1 (64 sets of
+ * 64-byte lines, 4 KiB a way): its rows start at multiples of gcd(s,
+ * 4096) within a way, so where that is 64 bytes or more they fall in
+ * only 4096 / gcd(s, 4096) sets, one set where ldb is a multiple of 1024.
+ * Over TG_SET_LINES lines to a set, each block of rows reads the panel
+ * again from L2, and the template packs it instead (tgemm_pack).
+ * `kilnc --bench`, 2 threads, in place -> packed: [8, 256, 1024] K = 64
+ * (ResNet-50's 1x1 convolutions at 32², B's rows 4 KiB apart) 1.15 ->
+ * 0.54 ms (992 columns in place: 0.47), 4096x64x1024 2.0-2.2 -> 1.1,
+ * 512x256x512 in column blocks 0.28-0.32 -> 0.245, 1024x128x256 0.134-
+ * 0.144 -> 0.125, 256^3 and 128x64x256 the same (0.063, 0.0086). */
+#define TG_SET_LINES 8
+static bool panel_thrashes(kiln_dim_t ldb, int64_t K)
+{
+	if (ldb.e != NULL)
+		return false;
+	int64_t a = 4096, b = ldb.c * 4 % 4096;
+	while (b != 0) { /* a := gcd(s, 4096) */
+		int64_t t = a % b;
+		a = b;
+		b = t;
+	}
+	int64_t sets = 4096 / a;
+	return sets < 64 && 2 * K / sets > TG_SET_LINES;
+}
+
 /* Whether the template takes the product as it is (B row-major, small
  * enough to stay in L2), by the heuristic or by max-autotune's choice. */
 static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
@@ -3142,7 +3170,8 @@ static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
 		   N = b->sizes[r - 1];
 	bool stat = M.e == NULL && K.e == NULL && N.e == NULL;
 	int64_t nb = col_block(c, a, b, n->node, false);
-	bool fits = stat && K.c * (nb > 0 ? nb : N.c) * 4 <= TG_B_MAX;
+	bool fits = stat && K.c * (nb > 0 ? nb : N.c) * 4 <= TG_B_MAX &&
+		    !panel_thrashes(b->strides[r - 2], K.c);
 	if (f >= 0) /* max-autotune: packed where B does not fit */
 		return f == 2 && (fits || !stat);
 	return fits && M.c * N.c * K.c >= TG_MIN_MACS;

@@ -1128,7 +1128,16 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 	n_kernels(kc, g, &rep);
 	/* at least 512 columns: few row blocks split into column blocks,
 	 * which rule out the epilogue */
-	bool packed = bt || K * N * 4 > 256 * 1024, epi = N < 512;
+	/* B's rows in fewer than 64 sets of L1 (4096 / gcd(N·4, 4096)),
+	 * over 8 of the panel's lines to a set: packed (panel_thrashes) */
+	int64_t gs = 4096, gr = N * 4 % 4096;
+	while (gr != 0) {
+		int64_t t = gs % gr;
+		gs = gr;
+		gr = t;
+	}
+	bool crowds = 4096 / gs < 64 && 2 * K / (4096 / gs) > 8;
+	bool packed = bt || K * N * 4 > 256 * 1024 || crowds, epi = N < 512;
 	bool blocked = K > 4096 || M * K * 4 > (2 << 20);
 	const char *form = !packed    ? "register tiles)"
 			   : !blocked ? "register tiles, B packed a panel at "
@@ -1156,7 +1165,9 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
  * the epilogue. Packed B: a transposed B (transposed in registers, a
  * tail of 12 k gathered) with a tail of 13 columns, a classifier's 8 rows
  * of 2048 by a transposed 1000 (its last panel's 8 columns read the last
- * one again, stored as 0), both operands transposed in a batch of 3, a
+ * one again, stored as 0), a row-major B small enough for L2 whose rows
+ * are 1 KiB apart (in 4 sets of L1: packed), both operands transposed in
+ * a batch of 3, a
  * row-major B of 1.1 MiB (masked loads, 512 rows and more), its last panel's
  * tail zero-filled, and both forms of B in column blocks (few row blocks).
  * Blocked (A over 2 MiB): K of 1100 (blocks of 512, 512 and 76, the later ones
@@ -1172,6 +1183,7 @@ Test(fusion, gemm_template_matches_the_interpreter)
 	check_tmpl_mm(kc, 3, 45, 100, 500, false, false);
 	check_tmpl_mm(kc, 1, 100, 300, 77, false, true);
 	check_tmpl_mm(kc, 1, 8, 2048, 1000, false, true);
+	check_tmpl_mm(kc, 2, 256, 64, 256, false, false);
 	check_tmpl_mm(kc, 3, 200, 128, 90, true, true);
 	check_tmpl_mm(kc, 1, 520, 600, 500, false, false);
 	check_tmpl_mm(kc, 1, 512, 300, 1000, false, false);

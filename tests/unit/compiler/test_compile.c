@@ -1196,6 +1196,118 @@ Test(fusion, gemm_template_matches_the_interpreter)
 	kiln_compiler_free(kc);
 }
 
+static void ints(gb_t *b, int64_t v0, int64_t v1)
+{
+	msgpack_pack_array(&b->pk, 2);
+	msgpack_pack_int64(&b->pk, v0);
+	msgpack_pack_int64(&b->pk, v1);
+}
+
+/* ResNet's stem in training: relu's backward of max_pool2d's (3x3,
+ * stride 2, padding 1: each element the sum of up to four windows'
+ * gathered index and gradient, the gradient itself the sum of two
+ * branches') is batch_norm's backward grad_out, which training reads three
+ * times (its sum, its dot with x, grad_input). It is written once by a
+ * kernel of its own (ops_nn.c low_batch_norm_backward), not gathered again
+ * by every one of them; against the interpreter. */
+Test(fusion, a_costly_batch_norm_gradient_is_written_once)
+{
+	kiln_compiler_t *kc = new_compiler();
+	const int64_t xs[4] = {2, 8, 16, 16}, ps[4] = {2, 8, 8, 8}, cs[1] = {8};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 7);
+	specn(&b, "f32", xs, 4); /* 0 x */
+	specn(&b, "f32", ps, 4); /* 1, 2: the pooled output's gradients */
+	specn(&b, "f32", ps, 4);
+	specn(&b, "f32", cs, 1); /* 3 weight */
+	specn(&b, "f32", cs, 1); /* 4 save_mean */
+	specn(&b, "f32", cs, 1); /* 5 save_invstd */
+	specn(&b, "f32", xs, 4); /* 6 relu's output */
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 5);
+	/* 7, 8: the pooled x and its indices (an output, so a buffer, as
+	 * the training forward saves them) */
+	node_head(&b, "aten.max_pool2d_with_indices.default", 4);
+	ref(&b, 0);
+	ints(&b, 3, 3);
+	ints(&b, 2, 2);
+	ints(&b, 1, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 2);
+	specn(&b, "f32", ps, 4);
+	specn(&b, "i64", ps, 4);
+	/* 9: the two branches' gradient */
+	node_head(&b, "aten.add.Tensor", 2);
+	ref(&b, 1);
+	ref(&b, 2);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", ps, 4);
+	/* 10: max_pool2d's grad_input */
+	node_head(&b, "aten.max_pool2d_with_indices_backward.default", 8);
+	ref(&b, 9);
+	ref(&b, 0);
+	ints(&b, 3, 3);
+	ints(&b, 2, 2);
+	ints(&b, 1, 1);
+	ints(&b, 1, 1);
+	msgpack_pack_false(&b.pk);
+	ref(&b, 8);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", xs, 4);
+	/* 11: relu's */
+	node_head(&b, "aten.threshold_backward.default", 3);
+	ref(&b, 10);
+	ref(&b, 6);
+	msgpack_pack_int64(&b.pk, 0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", xs, 4);
+	/* 12, 13, 14: grad_input, grad_weight, grad_bias */
+	node_head(&b, "aten.native_batch_norm_backward.default", 10);
+	ref(&b, 11);
+	ref(&b, 0);
+	ref(&b, 3);
+	msgpack_pack_nil(&b.pk);
+	msgpack_pack_nil(&b.pk);
+	ref(&b, 4);
+	ref(&b, 5);
+	msgpack_pack_true(&b.pk);
+	msgpack_pack_double(&b.pk, 1e-5);
+	msgpack_pack_array(&b.pk, 3);
+	for (int k = 0; k < 3; k++)
+		msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	specn(&b, "f32", xs, 4);
+	specn(&b, "f32", cs, 1);
+	specn(&b, "f32", cs, 1);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 4);
+	ref(&b, 8);
+	for (uint32_t v = 12; v < 15; v++)
+		ref(&b, v);
+	kiln_graph_t *g = graph_from_json_like("pool, batch_norm bw", &b.sb);
+	char *rep = NULL;
+	n_kernels(kc, g, &rep);
+	/* after the pooling's kernel, one writes grad_out; the sums read it */
+	const char *k1 = strstr(rep, "kiln_k1: "),
+		   *k2 = strstr(rep, "kiln_k2: ");
+	cr_expect(k1 != NULL && k2 != NULL &&
+		      strncmp(k1, "kiln_k1: pointwise kernel [2, 8, 16, 16]",
+			      40) == 0 &&
+		      strstr(k1, "(stored)  <- node 4 ") < k2 &&
+		      strncmp(k2, "kiln_k2: row kernel", 19) == 0,
+		  "%s", rep);
+	free(rep);
+	expect_matches_interp(kc, g, "default", 29, 1e-4, "pool, bn bw");
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
 /* y = a @ x[:, 1].unsqueeze(1): B is [K, 1] with strides (4, 0), unit
  * along neither dim. With N = 1 and A row-major the product is a row
  * reduction (ops_gemm.c gemv_ok) that reads the column at k·4, on every

@@ -636,6 +636,127 @@ static LLVMValueRef load_strided(gen_t *g, LLVMValueRef p, int64_t s,
 	return from_storage(g, v, dt, w);
 }
 
+/* A load whose index, with the vector variable v = w·T + L, moves from
+ * lane to lane by amounts that are constants but not one affine step:
+ * (v + c) // d (a nearest upsampling's source, a pooling backward's
+ * window), reading lanes' elements within one vector's span. Returns the
+ * index at lane 0 (*i0) and each lane's offset from the span's first
+ * element, or false. */
+static bool lane_offsets(gen_t *g, const kiln_expr_t *e, int w,
+			 const kiln_expr_t **e2out, int64_t *off)
+{
+	cctx_t *c = g->c;
+	if (g->vvar < 0 || w <= 1 || w > 64)
+		return false;
+	bool kt = c->var_known[VAR_T], kl = c->var_known[VAR_L];
+	kiln_dim_t sl = c->var_size[VAR_L];
+	c->var_known[VAR_T] = false;
+	c->var_known[VAR_L] = true;
+	c->var_size[VAR_L] = dim_const(w);
+	const kiln_expr_t *map[CIR_MAX_VARS];
+	for (int k = 0; k < CIR_MAX_VARS; k++)
+		map[k] = NULL;
+	map[g->vvar] = ix_add(c, ix_mul(c, ix_const(c, w), ix_var(c, VAR_T)),
+			      ix_var(c, VAR_L));
+	const kiln_expr_t *e2 = ix_subst(c, e, map, CIR_MAX_VARS);
+	bool ok = e2 != NULL;
+	const kiln_expr_t *at0 = NULL;
+	int64_t lo = 0, hi = 0;
+	for (int l = 0; ok && l < w; l++) {
+		map[g->vvar] = NULL;
+		map[VAR_L] = ix_const(c, l);
+		const kiln_expr_t *el = ix_subst(c, e2, map, CIR_MAX_VARS);
+		if (l == 0)
+			at0 = el;
+		const kiln_expr_t *d = el && at0 ? ix_sub(c, el, at0) : NULL;
+		ok = d != NULL && d->kind == KILN_EX_CONST;
+		if (ok) {
+			off[l] = d->c;
+			lo = off[l] < lo ? off[l] : lo;
+			hi = off[l] > hi ? off[l] : hi;
+		}
+	}
+	c->var_known[VAR_T] = kt;
+	c->var_known[VAR_L] = kl;
+	c->var_size[VAR_L] = sl;
+	if (!ok || hi - lo >= w)
+		return false;
+	for (int l = 0; l < w; l++)
+		off[l] -= lo;
+	*e2out = ix_add(c, e2, ix_const(c, lo));
+	return true;
+}
+
+/* The load of lane_offsets: the span's elements by one masked vector load
+ * (an element only where a lane wants it and, under a guard, the guard
+ * keeps that lane: fault-suppressing, as a padded window may begin before
+ * its buffer), then one permute to the lanes; lanes the guard drops are 0,
+ * as a masked gather gives them. ResNet's stem max_pool2d backward (3x3,
+ * stride 2: (w + 1) // 2 and (w + 1) // 2 - 1 per window) ran 24 gathers
+ * a vector of 16 elements. */
+static LLVMValueRef load_lane_perm(gen_t *g, const kiln_expr_t *e2,
+				   const int64_t *off, LLVMValueRef base,
+				   LLVMValueRef guard, kiln_dtype_t dt, int w)
+{
+	LLVMTypeRef st = storage_type(g, dt, 1);
+	LLVMTypeRef vt = storage_type(g, dt, w);
+	LLVMTypeRef i1 = LLVMInt1TypeInContext(g->ctx);
+	LLVMTypeRef mt = LLVMVectorType(i1, (unsigned)w);
+	unsigned align = (unsigned)kiln_dtype_size(dt);
+	LLVMValueRef i0 = emit_lane0(g, e2, w);
+	LLVMValueRef p = LLVMBuildGEP2(g->b, st, base, &i0, 1, "");
+	/* element j is wanted by the lanes l with off[l] == j: the mask of
+	 * element j is the OR of their guards, one shuffle per lane of the
+	 * longest such run */
+	int runs = 0, cnt[64] = {0};
+	for (int l = 0; l < w; l++) {
+		int j = (int)off[l];
+		cnt[j]++;
+		runs = cnt[j] > runs ? cnt[j] : runs;
+	}
+	LLVMValueRef emask = NULL;
+	if (guard == NULL) {
+		LLVMValueRef bits[64];
+		for (int j = 0; j < w; j++)
+			bits[j] = LLVMConstInt(i1, cnt[j] > 0, 0);
+		emask = LLVMConstVector(bits, (unsigned)w);
+	} else {
+		for (int r = 0; r < runs; r++) {
+			/* element j: its r-th lane (its first where it has
+			 * fewer), or lane w of the zeros where none wants it */
+			LLVMValueRef ix[64];
+			for (int j = 0; j < w; j++) {
+				int pick = w, seen = 0;
+				for (int l = 0; l < w; l++) {
+					if (off[l] != j)
+						continue;
+					if (seen == 0 || seen == r)
+						pick = l;
+					if (seen++ == r)
+						break;
+				}
+				ix[j] = LLVMConstInt(g->i32, (uint64_t)pick, 0);
+			}
+			LLVMValueRef m = LLVMBuildShuffleVector(
+			    g->b, guard, LLVMConstNull(mt),
+			    LLVMConstVector(ix, (unsigned)w), "");
+			emask = emask ? LLVMBuildOr(g->b, emask, m, "") : m;
+		}
+	}
+	LLVMTypeRef over[2] = {vt, g->ptr};
+	LLVMValueRef args[4] = {p, LLVMConstInt(g->i32, align, 0), emask,
+				LLVMConstNull(vt)};
+	LLVMValueRef v = cg_intr(g, "llvm.masked.load", over, 2, args, 4);
+	LLVMValueRef pick[64];
+	for (int l = 0; l < w; l++)
+		pick[l] = LLVMConstInt(g->i32, (uint64_t)off[l], 0);
+	v = LLVMBuildShuffleVector(g->b, v, LLVMGetUndef(vt),
+				   LLVMConstVector(pick, (unsigned)w), "");
+	if (guard != NULL)
+		v = LLVMBuildSelect(g->b, guard, v, LLVMConstNull(vt), "");
+	return from_storage(g, v, dt, w);
+}
+
 static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 {
 	cctx_t *c = g->c;
@@ -793,6 +914,14 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
 			LLVMSetAlignment(v, align);
 			return from_storage(g, v, dt, w);
 		}
+	}
+	if (!affine) {
+		const kiln_expr_t *e2;
+		int64_t off[64];
+		if (lane_offsets(g, e->idx, w, &e2, off))
+			return load_lane_perm(g, e2, off, base,
+					      e->a ? emit_sx(g, e->a) : NULL,
+					      dt, w);
 	}
 	LLVMValueRef iv = emit_ix_w(g, e->idx, w);
 	LLVMValueRef ptrs =

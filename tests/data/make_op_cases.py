@@ -872,6 +872,14 @@ def build_nn():
     case(op, "nonadjacent", lambda x, i, j: A.index.Tensor(x, [i, None, j]), U(3, 4, 5), I(2, lo=0, hi=3), I(2, lo=0, hi=5))
     case(op, "bool", lambda x, m: A.index.Tensor(x, [m]), U(4, 3), torch.tensor([True, False, True, True]))
     case(op, "t", lambda x, i: A.index.Tensor(x, [None, i]), T(U(4, 3)), I(2, lo=-3, hi=3))
+    op = "_unsafe_index"  # upsample_nearest2d's decomposition: broadcast [H, 1] and [W] rows
+    seed(op)
+    case(op, "upsample", lambda x, i, j: A._unsafe_index.Tensor(x, [None, None, i, j]), U(2, 3, 4, 5),
+         (torch.arange(8) // 2).view(8, 1), torch.arange(10) // 2)
+    case(op, "one", lambda x, i: A._unsafe_index.Tensor(x, [i]), U(5, 3), I(4, lo=0, hi=5))
+    op = "_unsafe_index_put"
+    seed(op)
+    case(op, "acc", lambda x, i, v: A._unsafe_index_put.default(x, [i], v, True), U(4, 2), I(6, lo=0, hi=4), U(6, 2))
     op = "index_put"
     seed(op)
     case(op, "put", lambda x, i, v: A.index_put.default(x, [i], v), U(5, 3), perm(5)[:3], U(3, 3))

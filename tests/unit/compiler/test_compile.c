@@ -1209,7 +1209,8 @@ static void ints(gb_t *b, int64_t v0, int64_t v1)
  * branches') is batch_norm's backward grad_out, which training reads three
  * times (its sum, its dot with x, grad_input). It is written once by a
  * kernel of its own (ops_nn.c low_batch_norm_backward), not gathered again
- * by every one of them; against the interpreter. */
+ * by every one of them, and its windows' elements are vector loads and
+ * permutes, not gathers; against the interpreter. */
 Test(fusion, a_costly_batch_norm_gradient_is_written_once)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -1302,6 +1303,14 @@ Test(fusion, a_costly_batch_norm_gradient_is_written_once)
 		      strncmp(k2, "kiln_k2: row kernel", 19) == 0,
 		  "%s", rep);
 	free(rep);
+	/* the windows' (w + 1) / 2 - j lanes: loads and permutes
+	 * (codegen.c load_lane_perm), no gathers */
+	if (__builtin_cpu_supports("avx512f")) {
+		char *ir = emit_text(kc, g, KILN_EMIT_LLVM_RAW, NULL);
+		cr_expect(strstr(ir, "llvm.masked.gather") == NULL,
+			  "a gather in the IR");
+		free(ir);
+	}
 	expect_matches_interp(kc, g, "default", 29, 1e-4, "pool, bn bw");
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);

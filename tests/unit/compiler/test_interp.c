@@ -47,6 +47,8 @@ static const pname_t op_files[] = {
     {"_softmax"},
     {"_softmax_backward_data"},
     {"_to_copy"},
+    {"_unsafe_index"},
+    {"_unsafe_index_put"},
     {"_unsafe_view"},
     {"abs"},
     {"add"},

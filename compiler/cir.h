@@ -321,6 +321,9 @@ bool dim_is(kiln_dim_t a, int64_t v);
 kiln_dim_t dim_mul(cctx_t *c, kiln_dim_t a, kiln_dim_t b);
 kiln_dim_t dim_add(cctx_t *c, kiln_dim_t a, kiln_dim_t b);
 /* Replaces VAR k with map[k] (NULL: keep). */
+/* Whether e's value is known to lie in [*lo, *hi] under the known var
+ * ranges (c->var_known, var_size) */
+bool ix_bounds(cctx_t *c, const kiln_expr_t *e, int64_t *lo, int64_t *hi);
 const kiln_expr_t *ix_subst(cctx_t *c, const kiln_expr_t *e,
 			    const kiln_expr_t *const *map, uint32_t n);
 /* Whether e is affine in VAR v with a constant coefficient (*coef). */

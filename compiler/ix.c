@@ -1021,6 +1021,14 @@ kiln_dim_t dim_add(cctx_t *c, kiln_dim_t a, kiln_dim_t b)
 	return dim_of(ix_add(c, ix_dim(c, a), ix_dim(c, b)));
 }
 
+bool ix_bounds(cctx_t *c, const kiln_expr_t *e, int64_t *lo, int64_t *hi)
+{
+	range_t r = rng_of(c, e);
+	*lo = r.lo;
+	*hi = r.hi;
+	return r.lo_ok && r.hi_ok;
+}
+
 const kiln_expr_t *ix_subst(cctx_t *c, const kiln_expr_t *e,
 			    const kiln_expr_t *const *map, uint32_t n)
 {

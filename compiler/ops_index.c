@@ -775,6 +775,23 @@ static int mask_coords(lnode_t *n, const lt_t *m, kiln_dim_t K, lt_t **out)
 	return 0;
 }
 
+/* Whether an index value is an index expression of the loop variables
+ * (an index tensor computed from arange: nearest upsampling's rows and
+ * columns, ops_pointwise.c scaled_index) within [0, size) for every
+ * position: then *e is that expression, and the access is no gather of
+ * data-dependent offsets but one codegen can follow (a vector load, or a
+ * load and a permute). */
+static bool static_index(cctx_t *c, const sx_t *v, kiln_dim_t size,
+			 const kiln_expr_t **e)
+{
+	int64_t lo, hi;
+	if (v == NULL || v->kind != SX_INDEX || size.e != NULL ||
+	    !ix_bounds(c, v->idx, &lo, &hi) || lo < 0 || hi >= size.c)
+		return false;
+	*e = v->idx;
+	return true;
+}
+
 /* index.Tensor(self, indices): with B-position b and plain dims p,
  *   out[.., b, ..] = self[p | indexed dim j := wrap(index_j[b])]
  * (0 where an index is out of range: torch raises). One bool mask (the
@@ -830,21 +847,23 @@ int low_index(cctx_t *c, lnode_t *n)
 		if (p.map[r] != UINT32_MAX)
 			idx[p.map[r]] = ix_var(c, r);
 	const sx_t *ok = NULL;
+	set_var_ranges(c, p.rank, p.sizes);
 	for (uint32_t j = 0; j < x->rank; j++) {
 		if (p.ix[j] == NULL)
 			continue;
-		const sx_t *okj;
-		dyn[j] = wrap_idx(c, bc_at(c, p.ix[j], p.br, p.bs, bpos),
-				  x->sizes[j], true, &okj);
+		const sx_t *okj, *raw = bc_at(c, p.ix[j], p.br, p.bs, bpos);
+		if (static_index(c, raw, x->sizes[j], &idx[j]))
+			continue;
+		dyn[j] = wrap_idx(c, raw, x->sizes[j], true, &okj);
 		ok = and2(c, ok, okj);
 	}
 	rc = as_buf(n, x, &x);
 	if (rc != 0)
 		return rc;
 	const sx_t *v = dyn_at(c, x, idx, dyn, ok);
-	return lset(n, 0,
-		    lt_fn(c, x->dtype, p.rank, p.sizes,
-			  sx_where(c, ok, v, zero(c, x->dtype))));
+	if (ok != NULL)
+		v = sx_where(c, ok, v, zero(c, x->dtype));
+	return lset(n, 0, lt_fn(c, x->dtype, p.rank, p.sizes, v));
 }
 
 /* index_put(self, indices, values, accumulate), with R = self[indices]'s

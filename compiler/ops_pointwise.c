@@ -488,6 +488,51 @@ int low_masked_fill(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, odt, rank, sizes, sx_where(c, m, v, x)));
 }
 
+/* e without additions of the float constant 0 (x + 0 is x for every x
+ * but -0, which a converted integer never is: only where a is one). */
+static const sx_t *strip_add0(const sx_t *e)
+{
+	while (e->kind == SX_BIN && e->op == OP_ADD) {
+		const sx_t *k = e->a->kind == SX_CONST ? e->a : e->b;
+		const sx_t *o = k == e->a ? e->b : e->a;
+		if (k->kind != SX_CONST || k->k.f != 0.0)
+			break;
+		e = o;
+	}
+	return e;
+}
+
+/* An integer conversion of (f(v) + 0) · 2^-m, f(v) loop variable v of x
+ * converted to a float (arange), v's extent static and at most 2^24 (so
+ * f(v) is exact, and the product; truncating a value >= 0 is flooring):
+ * the index v // 2^m, which codegen can follow. Nearest upsampling's
+ * decomposition computes its source rows and columns so (by 2: (float(i)
+ * + 0.0) * 0.5); as floats they were gathers' offsets, and the backward's
+ * index_put could not see its windows. NULL where e is not that. */
+static const sx_t *scaled_index(cctx_t *c, const lt_t *x, const sx_t *e)
+{
+	e = strip_add0(e);
+	if (e->kind != SX_BIN || e->op != OP_MUL)
+		return NULL;
+	const sx_t *k = e->a->kind == SX_CONST ? e->a : e->b;
+	const sx_t *y = k == e->a ? e->b : e->a;
+	if (k->kind != SX_CONST || !kiln_dtype_is_float(k->dt))
+		return NULL;
+	int m = 0;
+	while (m < 24 && ldexp(k->k.f, m) < 1.0)
+		m++;
+	if (ldexp(k->k.f, m) != 1.0)
+		return NULL;
+	y = strip_add0(y);
+	if (y->kind != SX_CAST || y->a->kind != SX_INDEX ||
+	    y->a->idx->kind != KILN_EX_VAR)
+		return NULL;
+	uint32_t v = y->a->idx->sym;
+	if (v >= x->rank || x->sizes[v].e != NULL || x->sizes[v].c > (1 << 24))
+		return NULL;
+	return sx_index(c, ix_floordiv(c, y->a->idx, ix_const(c, 1 << m)));
+}
+
 int low_to_copy(cctx_t *c, lnode_t *n)
 {
 	lt_t *x;
@@ -497,9 +542,16 @@ int low_to_copy(cctx_t *c, lnode_t *n)
 	kiln_dtype_t dt = out_dt(n, x->dtype);
 	if (dt == x->dtype)
 		return lset(n, 0, x);
-	return lset(
-	    n, 0,
-	    lt_fn(c, dt, x->rank, x->sizes, sx_cast(c, lt_body(c, x), dt)));
+	const sx_t *body = lt_body(c, x);
+	if (body != NULL && kiln_dtype_is_float(body->dt) &&
+	    (dt == KILN_DT_I64 || dt == KILN_DT_I32)) {
+		set_var_ranges(c, x->rank, x->sizes);
+		const sx_t *ix = scaled_index(c, x, body);
+		if (ix != NULL)
+			body = ix;
+	}
+	return lset(n, 0,
+		    lt_fn(c, dt, x->rank, x->sizes, sx_cast(c, body, dt)));
 }
 
 int low_identity(cctx_t *c, lnode_t *n)

@@ -302,6 +302,79 @@ def test_training_dropout_runs_in_kiln_and_follows_manual_seed():
     _no_fallback()
 
 
+class _UpNet(nn.Module):
+    """A decoder's step: convolution, nearest 2x upsampling, convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(nn.functional.interpolate(self.a(x), scale_factor=2, mode="nearest"))
+
+
+def test_nearest_upsampling_runs_in_kiln_and_trains_like_eager(monkeypatch):
+    # the forward's _unsafe_index (from the rows' and columns' float
+    # arithmetic on arange) is kernels, not a torch step; the backward's
+    # accumulating _unsafe_index_put, at 20² -> 40² too large a scatter for
+    # a dense reduction (kiln has no scatter kernel), is a torch step that
+    # the runtime runs as index_adds
+    import kiln.backend as kb
+    import kiln.runtime as rt
+    took = []
+    sep = rt._index_put_separable
+
+    def spy(*a):
+        r = sep(*a)
+        took.append(r is not None)
+        return r
+    monkeypatch.setattr(rt, "_index_put_separable", spy)
+    kb.reset()
+    torch.manual_seed(0)
+    model = _UpNet()
+    args = (_x(11, 2, 3, 20, 20),)
+    ref = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double()
+    eager = _train(ref, args, "sgd", 3, compiled=False)
+    want = _train(exact, _f64(args), "sgd", 3, compiled=False)
+    ours = _train(model, args, "sgd", 3, compiled=True)
+    _close(ours, eager, want, 1e-4, 1e-6, "losses")
+    for (pn, p), q, r in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
+        _close(p, q, r, 1e-4, 1e-5, pn)
+    fw = [r for r in kb.records() if r["kind"] == "forward"]
+    bw = [r for r in kb.records() if r["kind"] == "backward"]
+    assert fw and bw, kb.records()
+    for r in fw:
+        assert not r["fallback_ops"], r
+    assert took and all(took), took
+    _no_fallback()
+
+
+def test_accumulating_index_put_as_index_adds_matches_torch():
+    from kiln.runtime import _index_put_separable as sep
+    A = torch.ops.aten
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 4, 5, generator=g)
+    v = torch.randn(2, 3, 8, 10, generator=g)
+    ih, iw = (torch.arange(8) // 2).view(8, 1), torch.arange(10) // 2
+    want = A._unsafe_index_put.default(x, [None, None, ih, iw], v, True)
+    torch.testing.assert_close(sep(x, [None, None, ih, iw], v, True), want)
+    x2 = torch.randn(4, 5, generator=g)
+    i = torch.tensor([0, 3, 3, 1, 0, 2])  # repeated indices add up
+    for v2 in (torch.randn(6, 5, generator=g), torch.randn(5, generator=g)):
+        torch.testing.assert_close(sep(x2, [i], v2, True), A.index_put.default(x2, [i], v2, True))
+    # not one index_add per dim: the op runs as it is
+    assert sep(x2, [i], torch.randn(6, 5), False) is None  # no accumulate
+    assert sep(x2, [i, i.clamp(max=4)], torch.randn(6), True) is None  # pairs
+    assert sep(x2, [torch.tensor([-1, 0])], torch.randn(2, 5), True) is None  # negative
+    x3 = torch.randn(3, 4, 5)
+    assert sep(x3, [torch.tensor([0, 1]), None, torch.tensor([1, 2])],
+               torch.randn(2, 4), True) is None  # not adjacent
+    assert sep(torch.zeros(4, dtype=torch.bool), [i.clamp(max=3)],
+               torch.ones(6, dtype=torch.bool), True) is None
+
+
 def test_dropout_draws_the_reference_bits_and_its_backward_uses_the_mask():
     p = 0.25
     d = nn.Dropout(p)

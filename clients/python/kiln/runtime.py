@@ -270,6 +270,55 @@ def _tensor_from(ptr, dtype_code, sizes, strides):
     return flat.as_strided(sizes, strides)
 
 
+def _index_put_separable(x, indices, values, accumulate=False):
+    """index_put(x, indices, values, accumulate=True) as one index_add per
+    indexed dim, where that is the same sum: adjacent index tensors, the
+    i-th varying along the broadcast shape's dim i alone, every index >= 0
+    (index_add takes no negative one). A nearest upsampling's backward is
+    such an index_put ([None, None, rows [H, 1], cols [W]]): torch's
+    accumulating index_put took 15.4 ms on [8, 128, 64, 64] -> [8, 128,
+    32, 32] (2 threads), the index_adds 2.4. The sums are in another
+    order, so the result may differ in rounding. None where it does not
+    apply (the caller runs the op as it is)."""
+    if (not accumulate or not isinstance(x, torch.Tensor) or not isinstance(values, torch.Tensor)
+            or x.dtype == torch.bool or x.is_complex()):
+        return None
+    pos = [k for k, t in enumerate(indices) if t is not None]
+    if (not pos or pos != list(range(pos[0], pos[0] + len(pos)))
+            or any(indices[k].dtype not in (torch.int64, torch.int32) for k in pos)
+            or values.dtype != x.dtype):
+        return None
+    ts = [indices[k] for k in pos]
+    n = len(ts)
+    try:
+        b = torch.broadcast_shapes(*(t.shape for t in ts))
+    except RuntimeError:
+        return None
+    if len(b) != n:
+        return None
+    flat = []
+    for i, t in enumerate(ts):
+        t = t.reshape((1,) * (n - t.dim()) + tuple(t.shape))
+        if any(t.shape[d] != 1 for d in range(n) if d != i) or t.shape[i] != b[i]:
+            return None
+        flat.append(t.reshape(-1))
+    first = pos[0]
+    full = tuple(x.shape[:first]) + tuple(b) + tuple(x.shape[first + n:])
+    try:
+        v = values.expand(full)
+    except RuntimeError:
+        return None
+    if any(bool((f < 0).any()) or bool((f >= x.shape[first + i]).any())
+           for i, f in enumerate(flat)):
+        return None
+    for i in reversed(range(n)):
+        d = first + i
+        shape = list(v.shape)
+        shape[d] = x.shape[d]
+        v = torch.zeros(shape, dtype=v.dtype).index_add_(d, flat[i], v)
+    return x + v
+
+
 class Module:
     """A loaded artifact. Call it with the graph's inputs (tensors, ints).
 
@@ -364,7 +413,14 @@ class Module:
             args = [conv(x) for x in st.get("args", [])]
             kwargs = {k: conv(v) for k, v in st.get("kwargs", {}).items()}
             kwargs.pop("device", None)
-            res = fn(*args, **kwargs)
+            res = None
+            if op[1] in ("index_put", "_unsafe_index_put") and not kwargs:
+                try:
+                    res = _index_put_separable(*args)
+                except Exception:  # the op itself then says what is wrong
+                    res = None
+            if res is None:
+                res = fn(*args, **kwargs)
             if isinstance(res, torch.Tensor):
                 res = [res]
             outs = st.get("out", [])

@@ -1203,6 +1203,105 @@ static void ints(gb_t *b, int64_t v0, int64_t v1)
 	msgpack_pack_int64(&b->pk, v1);
 }
 
+/* Nearest 2x upsampling as Inductor's decomposition traces it (torch's
+ * interpolate, mode "nearest"): per axis, source = i64((f32 arange(2·S) +
+ * 0.0) · 0.5), rows unsqueezed to a column, then _unsafe_index(x, [None,
+ * None, rows, cols]). The conversion of that product is the index i // 2
+ * (ops_pointwise.c scaled_index), which index.Tensor's lowering takes as
+ * a plain index (ops_index.c static_index): one kernel, whose loads are
+ * no gathers; against the interpreter. */
+static void node_head_kw(gb_t *b, const char *op, uint32_t nargs)
+{
+	msgpack_pack_map(&b->pk, 4);
+	s(b, "op");
+	s(b, op);
+	s(b, "args");
+	msgpack_pack_array(&b->pk, nargs);
+}
+
+Test(fusion, nearest_upsampling_reads_its_sources_without_gathers)
+{
+	kiln_compiler_t *kc = new_compiler();
+	const int64_t xs[4] = {2, 3, 8, 8}, ys[4] = {2, 3, 16, 16},
+		      one[1] = {16}, col[2] = {16, 1};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 1);
+	specn(&b, "f32", xs, 4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 10);
+	/* per axis: values 1.. (rows: 1-5, cols: 6-9) */
+	for (int axis = 0; axis < 2; axis++) {
+		uint32_t v0 = axis == 0 ? 1 : 6;
+		node_head_kw(&b, "aten.arange.default", 1);
+		msgpack_pack_int64(&b.pk, 16);
+		s(&b, "kwargs");
+		msgpack_pack_map(&b.pk, 1);
+		s(&b, "dtype");
+		s(&b, "f32");
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", one, 1);
+		node_head(&b, "aten.add.Tensor", 2);
+		ref(&b, v0);
+		msgpack_pack_double(&b.pk, 0.0);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", one, 1);
+		node_head(&b, "aten.mul.Tensor", 2);
+		ref(&b, v0 + 1);
+		msgpack_pack_double(&b.pk, 0.5);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", one, 1);
+		node_head_kw(&b, "aten._to_copy.default", 1);
+		ref(&b, v0 + 2);
+		s(&b, "kwargs");
+		msgpack_pack_map(&b.pk, 1);
+		s(&b, "dtype");
+		s(&b, "i64");
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "i64", one, 1);
+		if (axis == 0) {
+			node_head(&b, "aten.unsqueeze.default", 2);
+			ref(&b, 4);
+			msgpack_pack_int64(&b.pk, -1);
+			s(&b, "out");
+			msgpack_pack_array(&b.pk, 1);
+			specn(&b, "i64", col, 2);
+		}
+	}
+	/* 10 */
+	node_head(&b, "aten._unsafe_index.Tensor", 2);
+	ref(&b, 0);
+	msgpack_pack_array(&b.pk, 4);
+	msgpack_pack_nil(&b.pk);
+	msgpack_pack_nil(&b.pk);
+	ref(&b, 5);
+	ref(&b, 9);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", ys, 4);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 10);
+	kiln_graph_t *g = graph_from_json_like("nearest upsampling", &b.sb);
+	char *rep = NULL;
+	cr_expect_eq(n_kernels(kc, g, &rep), 1, "%s", rep);
+	free(rep);
+	if (__builtin_cpu_supports("avx512f")) {
+		char *ir = emit_text(kc, g, KILN_EMIT_LLVM_RAW, NULL);
+		cr_expect(strstr(ir, "llvm.masked.gather") == NULL,
+			  "a gather in the IR");
+		free(ir);
+	}
+	expect_matches_interp(kc, g, "default", 31, 0, "nearest upsampling");
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
 /* ResNet's stem in training: relu's backward of max_pool2d's (3x3,
  * stride 2, padding 1: each element the sum of up to four windows'
  * gathered index and gradient, the gradient itself the sum of two

@@ -969,6 +969,7 @@ static const opdef_t optab[] = {
     OPS("lift_fresh_copy.default", alias, 0),
     OPS("constant_pad_nd.default", pad, 0),
     OPS("flip.default", flip, 0),
+    OPS("roll.default", roll, 0),
     OPS("repeat.default", repeat, 0),
     OPS("select_backward.default", select_bw, 0),
     OPS("slice_backward.default", slice_bw, 0),

@@ -660,6 +660,68 @@ int kiln__op_flip(ictx_t *c, int code)
 	return kiln__i_convert(c, &v, x->dt, &c->out[0]);
 }
 
+/* roll(self, shifts, dims=[]): out[i] = self[(i_d - shift_d) mod size_d]
+ * per rolled dim d (a dim named twice rolls by the sum); without dims,
+ * the elements in row-major order roll by the one shift. */
+int kiln__op_roll(ictx_t *c, int code)
+{
+	(void)code;
+	it_t *x;
+	int64_t sh[KI_MAXR], dm[KI_MAXR], by[KI_MAXR] = {0};
+	int ns, nd;
+	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
+	KI_TRY(kiln__i_ints(c, 1, "shifts", sh, KI_MAXR, &ns));
+	KI_TRY(kiln__i_ints(c, 2, "dims", dm, KI_MAXR, &nd));
+	if (ns < 1)
+		return kiln__i_bad(c, "shifts must name at least one shift");
+	if (nd < 0)
+		nd = 0;
+	if (nd == 0 && ns != 1)
+		return kiln__i_bad(c, "without dims, shifts must be one shift");
+	if (nd > 0 && nd != ns)
+		return kiln__i_bad(c,
+				   "shifts and dims must have the same "
+				   "length (%d and %d)",
+				   ns, nd);
+	for (int k = 0; k < nd; k++) {
+		int64_t d = dm[k] < 0 ? dm[k] + (int64_t)x->rank : dm[k];
+		if (d < 0 || d >= (int64_t)x->rank)
+			return kiln__i_bad(
+			    c, "dim %lld out of range for a rank-%u tensor",
+			    (long long)dm[k], x->rank);
+		by[d] += sh[k];
+	}
+	it_t *o = &c->out[0];
+	KI_TRY(kiln__i_alloc(c, o, x->dt, x->rank, x->size));
+	int64_t n = kiln__i_numel(o);
+	if (n == 0)
+		return 0;
+	int64_t idx[KI_MAXR] = {0}, src[KI_MAXR], k = 0;
+	do {
+		if (nd == 0) {
+			/* the source's row-major position, unraveled */
+			int64_t lin = ((k - sh[0]) % n + n) % n;
+			for (uint32_t d = x->rank; d-- > 0;) {
+				src[d] = lin % x->size[d];
+				lin /= x->size[d];
+			}
+		} else {
+			for (uint32_t d = 0; d < x->rank; d++)
+				src[d] = ((idx[d] - by[d]) % x->size[d] +
+					  x->size[d]) %
+					 x->size[d];
+		}
+		int64_t so = x->off;
+		for (uint32_t d = 0; d < x->rank; d++)
+			so += src[d] * x->stride[d];
+		if (x->buf->f)
+			ki_setf(o, k++, x->buf->f[so]);
+		else
+			ki_seti(o, k++, x->buf->i[so]);
+	} while (ki_next(idx, x->size, x->rank));
+	return 0;
+}
+
 int kiln__op_repeat(ictx_t *c, int code)
 {
 	(void)code;

@@ -816,6 +816,80 @@ int low_flip(cctx_t *c, lnode_t *n)
 		    lt_fn(c, x->dtype, x->rank, x->sizes, lt_at(c, x, map)));
 }
 
+/* roll(self, shifts, dims=[]): out[i] = self[i_d + size_d - s_d mod size_d
+ * (mod size_d)] per rolled dim d, s_d the sum of its shifts brought into
+ * [0, size_d) (static sizes); without dims the row-major order rolls: self
+ * viewed as one dim, rolled, viewed back. Index arithmetic, no copy
+ * (Swin's shifted windows roll H and W). */
+int low_roll(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t sh[CIR_MAX_RANK], dm[CIR_MAX_RANK], by[CIR_MAX_RANK] = {0};
+	uint32_t ns, nd = 0;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lintlist(n, 1, "shifts", sh, &ns, CIR_MAX_RANK);
+	if (rc == 0 && larg(n, 2, "dims") != NULL)
+		rc = lintlist(n, 2, "dims", dm, &nd, CIR_MAX_RANK);
+	if (rc != 0)
+		return rc;
+	if (ns < 1)
+		return lerr(n, KILN_EINVGRAPH,
+			    "shifts must name at least one shift");
+	if (nd == 0 && ns != 1)
+		return lerr(n, KILN_EINVGRAPH,
+			    "without dims, shifts must be one shift");
+	if (nd > 0 && nd != ns)
+		return lerr(n, KILN_EINVGRAPH,
+			    "shifts and dims must have the same length (%u "
+			    "and %u)",
+			    ns, nd);
+	if (nd == 0) {
+		kiln_dim_t all = dim_const(1);
+		for (uint32_t k = 0; k < x->rank; k++)
+			all = dim_mul(c, all, x->sizes[k]);
+		if (all.e != NULL)
+			return lerr(n, KILN_EUNSUPOP,
+				    "roll of a symbolic size");
+		lt_t *flat = lt_reshape(c, x, 1, &all);
+		if (flat == NULL)
+			return -ENOMEM;
+		int64_t m = all.c, s = m > 0 ? ((sh[0] % m) + m) % m : 0;
+		const kiln_expr_t *at[1] = {
+		    m > 0
+			? ix_mod(c, ix_add(c, ix_var(c, 0), ix_const(c, m - s)),
+				 ix_const(c, m))
+			: ix_var(c, 0)};
+		lt_t *r = lt_fn(c, x->dtype, 1, &all, lt_at(c, flat, at));
+		lt_t *back = r ? lt_reshape(c, r, x->rank, x->sizes) : NULL;
+		return back ? lset(n, 0, back) : -ENOMEM;
+	}
+	for (uint32_t i = 0; i < nd; i++) {
+		uint32_t d;
+		rc = ldim(n, dm[i], x->rank, &d);
+		if (rc != 0)
+			return rc;
+		if (x->sizes[d].e != NULL)
+			return lerr(n, KILN_EUNSUPOP,
+				    "roll along a symbolic size");
+		by[d] += sh[i];
+	}
+	const kiln_expr_t *map[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < x->rank; k++) {
+		map[k] = ix_var(c, k);
+		int64_t m = x->sizes[k].e == NULL ? x->sizes[k].c : 0;
+		if (m <= 0)
+			continue;
+		int64_t s = ((by[k] % m) + m) % m;
+		if (s != 0)
+			map[k] =
+			    ix_mod(c, ix_add(c, map[k], ix_const(c, m - s)),
+				   ix_const(c, m));
+	}
+	return lset(n, 0,
+		    lt_fn(c, x->dtype, x->rank, x->sizes, lt_at(c, x, map)));
+}
+
 int low_repeat(cctx_t *c, lnode_t *n)
 {
 	lt_t *x;

@@ -727,6 +727,13 @@ def build_views():
     case("flip", "one", lambda x: A.flip.default(x, [0]), U(3, 4))
     case("flip", "two", lambda x: A.flip.default(x, [-1, 0]), T(U(4, 3)))
     case("flip", "none", lambda x: A.flip.default(x, []), U(2))
+    seed("roll")  # Swin's shifted windows: (-3, -3) over H and W
+    case("roll", "swin", lambda x: A.roll.default(x, [-3, -3], [1, 2]), U(2, 7, 7, 4))
+    case("roll", "one", lambda x: A.roll.default(x, [2], [0]), T(U(4, 3)))
+    case("roll", "same_dim_twice", lambda x: A.roll.default(x, [5, -1], [-1, -1]), U(3, 5))
+    case("roll", "flat", lambda x: A.roll.default(x, [7]), U(3, 4))
+    case("roll", "int", lambda x: A.roll.default(x, [-9], [1]), I(2, 4))
+    case("roll", "empty", lambda x: A.roll.default(x, [1], [0]), U(0, 3))
     case("repeat", "same_rank", lambda x: A.repeat.default(x, [2, 3]), U(2, 2))
     case("repeat", "lead", lambda x: A.repeat.default(x, [2, 1, 2]), T(U(3, 2)))
     case("repeat", "zero", lambda x: A.repeat.default(x, [0, 2]), I(2))
@@ -1177,6 +1184,14 @@ def bad_cases():
     yield ("dtype_mm_mixed", graph1([spec("f32", [2, 2]), spec("f64", [2, 2])],
                                     [node("aten.mm.default", [R0, R1], [spec("f32", [2, 2])])], [{"ref": 2}]),
            [zeros_entry("f32", [2, 2]), zeros_entry("f64", [2, 2])], "invalid_graph", "one dtype")
+    # roll: shifts and dims of different lengths, several shifts without
+    # dims, a dim out of range (each also rejected by the compiler)
+    yield ("roll_lengths", graph1([f23], [node("aten.roll.default", [R0, [1, 2], [0]], [f23])], [R1]),
+           [z23], "invalid_graph", "shifts and dims must have the same length")
+    yield ("roll_no_dims", graph1([f23], [node("aten.roll.default", [R0, [1, 2]], [f23])], [R1]),
+           [z23], "invalid_graph", "without dims, shifts must be one shift")
+    yield ("roll_dim_range", graph1([f23], [node("aten.roll.default", [R0, [1], [2]], [f23])], [R1]),
+           [z23], "invalid_graph", "dim 2 out of range")
     yield ("view_size", graph1([f23], [node("aten.view.default", [R0, [4, 2]], [spec("f32", [4, 2])])], [R1]),
            [z23], "invalid_graph", "shape [4,2] is invalid for input of shape [2,3]")
     yield ("view_infer", graph1([f23], [node("aten.view.default", [R0, [4, -1]], [spec("f32", [4, 1])])], [R1]),

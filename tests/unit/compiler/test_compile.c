@@ -4557,22 +4557,16 @@ Test(settings, llvm_passes_override)
 	kiln_compiler_free(kc);
 }
 
-/* kiln.dropout with invalid arguments (tests/data/bad/kiln_dropout_*,
- * the interpreter's rejection cases): the compiler's lowering rejects
- * each as the interpreter does, naming the node and the argument. */
-Test(compile, kiln_dropout_bad_arguments)
+typedef struct badcase {
+	const char *name, *msg;
+} badcase_t;
+
+/* Compiles each tests/data/bad case of bad[] (the interpreter's rejection
+ * cases) and expects invalid_graph naming node 0 and holding msg. */
+static void expect_bad_cases(const badcase_t *bad, size_t n)
 {
-	static const struct {
-		const char *name, *msg;
-	} bad[] = {
-	    {"kiln_dropout_p", "p must be in [0, 1]"},
-	    {"kiln_dropout_seed_dtype", "seed must be an i64 scalar"},
-	    {"kiln_dropout_seed_shape", "seed must be an i64 scalar"},
-	    {"kiln_dropout_int", "input must be floating"},
-	    {"kiln_dropout_stream", "stream must be >= 0"},
-	};
 	kiln_compiler_t *kc = new_compiler();
-	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+	for (size_t i = 0; i < n; i++) {
 		char path[1024], err[512] = "";
 		snprintf(path, sizeof(path), "%s/bad/%s.msgpack",
 			 KILN_TEST_DATA_DIR, bad[i].name);
@@ -4609,6 +4603,33 @@ Test(compile, kiln_dropout_bad_arguments)
 		kiln_graph_free(g);
 	}
 	kiln_compiler_free(kc);
+}
+
+/* kiln.dropout with invalid arguments (tests/data/bad/kiln_dropout_*):
+ * the compiler's lowering rejects each as the interpreter does, naming
+ * the node and the argument. */
+Test(compile, kiln_dropout_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"kiln_dropout_p", "p must be in [0, 1]"},
+	    {"kiln_dropout_seed_dtype", "seed must be an i64 scalar"},
+	    {"kiln_dropout_seed_shape", "seed must be an i64 scalar"},
+	    {"kiln_dropout_int", "input must be floating"},
+	    {"kiln_dropout_stream", "stream must be >= 0"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
+/* roll with invalid arguments (tests/data/bad/roll_*): rejected as the
+ * interpreter rejects them. */
+Test(compile, roll_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"roll_lengths", "shifts and dims must have the same length"},
+	    {"roll_no_dims", "without dims, shifts must be one shift"},
+	    {"roll_dim_range", "dim 2 out of range"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
 /* A product whose weight is a transposed view (nn.Linear's t()) is

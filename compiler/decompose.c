@@ -628,13 +628,16 @@ int low_kiln_dropout(cctx_t *c, lnode_t *n)
 	return rc;
 }
 
-/* grad · f(out) for sigmoid (out(1-out)) and tanh (1-out²). */
+/* grad · f(out) for sigmoid (out(1-out)) and tanh (1-out²); grad · f'(x)
+ * for silu, and torch's hardswish (0 up to -3, x/3 + 1/2 below 3, 1 from
+ * 3 on: torch's kernel at the breakpoints) and hardsigmoid (1/6 strictly
+ * between -3 and 3, else 0), which MobileNetV3 and LeViT train through. */
 static int act_backward(cctx_t *c, lnode_t *n, int which)
 {
 	lt_t *g, *y;
 	int rc = ltensor(n, 0, "grad_output", &g);
 	if (rc == 0)
-		rc = ltensor(n, 1, which == 2 ? "self" : "output", &y);
+		rc = ltensor(n, 1, which >= 2 ? "self" : "output", &y);
 	if (rc != 0)
 		return rc;
 	kiln_dtype_t odt = decl_dt(n, 0, g->dtype);
@@ -653,13 +656,35 @@ static int act_backward(cctx_t *c, lnode_t *n, int which)
 		d = sx_bin(c, OP_MUL, yb, sx_bin(c, OP_SUB, one, yb));
 	} else if (which == 1) {
 		d = sx_bin(c, OP_SUB, one, sx_bin(c, OP_MUL, yb, yb));
-	} else {
+	} else if (which == 2) {
 		/* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) */
 		const sx_t *s = sx_un(c, OP_SIGMOID, yb);
 		d = sx_bin(
 		    c, OP_MUL, s,
 		    sx_bin(c, OP_ADD, one,
 			   sx_bin(c, OP_MUL, yb, sx_bin(c, OP_SUB, one, s))));
+	} else {
+		/* as torch's CPU kernels: grad·(x/3 + 0.5), grad·(1/6) */
+		const sx_t *three = sxf(c, 3, acc), *m3 = sxf(c, -3, acc);
+		const sx_t *zero = sxf(c, 0, acc);
+		const sx_t *v;
+		if (which == 3)
+			v = sx_where(
+			    c, sx_bin(c, OP_LE, yb, m3), zero,
+			    sx_where(c, sx_bin(c, OP_LT, yb, three),
+				     sx_bin(c, OP_MUL, gb,
+					    sx_bin(c, OP_ADD,
+						   sx_bin(c, OP_DIV, yb, three),
+						   sxf(c, 0.5, acc))),
+				     gb));
+		else
+			v = sx_where(c,
+				     sx_bin(c, OP_AND, sx_bin(c, OP_GT, yb, m3),
+					    sx_bin(c, OP_LT, yb, three)),
+				     sx_bin(c, OP_MUL, gb,
+					    sxf(c, (double)(1.0f / 6.0f), acc)),
+				     zero);
+		return lset(n, 0, lt_fn(c, odt, r, sizes, sx_cast(c, v, odt)));
 	}
 	return lset(n, 0, lt_fn(c, odt, r, sizes, sx_bin(c, OP_MUL, gb, d)));
 }
@@ -677,4 +702,14 @@ int low_tanh_backward(cctx_t *c, lnode_t *n)
 int low_silu_backward(cctx_t *c, lnode_t *n)
 {
 	return act_backward(c, n, 2);
+}
+
+int low_hardswish_backward(cctx_t *c, lnode_t *n)
+{
+	return act_backward(c, n, 3);
+}
+
+int low_hardsigmoid_backward(cctx_t *c, lnode_t *n)
+{
+	return act_backward(c, n, 4);
 }

@@ -181,6 +181,12 @@ static double pw_f(pw_t *pw, const double *x)
 	case T_GELU_BW: return gelu_bw(a, b, pw->p[0] != 0);
 	case T_SIGMOID_BW: return a * (1 - b) * b;
 	case T_TANH_BW: return a * (1 - b * b);
+	case T_SILU_BW: {
+		double sg = 1 / (1 + exp(-b));
+		return a * sg * (1 + b * (1 - sg));
+	}
+	case T_HARDSWISH_BW: return b <= -3 ? 0 : b < 3 ? a * (b / 3 + 0.5) : a;
+	case T_HARDSIGMOID_BW: return b > -3 && b < 3 ? a / 6 : 0;
 	default: return NAN;
 	}
 }
@@ -617,18 +623,15 @@ int kiln__op_lerp(ictx_t *c, int code)
 }
 
 /* threshold_backward, hardtanh_backward, gelu_backward, sigmoid_backward,
- * tanh_backward */
+ * tanh_backward, silu_backward, hardswish_backward, hardsigmoid_backward */
 int kiln__op_pw_backward(ictx_t *c, int code)
 {
 	it_t *g, *x;
 	pw_t pw = {.code = code};
 	KI_TRY(kiln__i_tensor(c, 0, "grad_output", &g));
-	KI_TRY(kiln__i_tensor(c, 1,
-			      code == T_THRESH_BW || code == T_HARDTANH_BW ||
-				      code == T_GELU_BW
-				  ? "self"
-				  : "output",
-			      &x));
+	KI_TRY(kiln__i_tensor(
+	    c, 1, code == T_SIGMOID_BW || code == T_TANH_BW ? "output" : "self",
+	    &x));
 	it_t *ops[2] = {g, x};
 	kiln_dtype_t ct = kiln__i_result_type(ops, 2);
 	if (code == T_THRESH_BW) {

@@ -639,6 +639,18 @@ def build_norms():
     op = "tanh_backward"
     case(op, "f32", A.tanh_backward.default, U(3, 4), torch.tanh(U(3, 4)))
     case(op, "bf16", A.tanh_backward.default, U(5, dt=bf16), torch.tanh(U(5, dt=bf16)))
+    seed("silu_backward")
+    op = "silu_backward"
+    case(op, "f32", A.silu_backward.default, U(3, 4), U(3, 4, lo=-6, hi=6))
+    case(op, "f64", A.silu_backward.default, U(5, dt=f64), U(5, lo=-6, hi=6, dt=f64))
+    # the breakpoints -3 and 3 themselves, and both sides of each
+    edges = torch.tensor([-4.0, -3.0, -2.5, 0.0, 1.0, 3.0, 3.5, 5.0])
+    op = "hardswish_backward"
+    case(op, "edges", A.hardswish_backward.default, U(8), edges)
+    case(op, "f32", A.hardswish_backward.default, U(3, 4), U(3, 4, lo=-5, hi=5))
+    op = "hardsigmoid_backward"
+    case(op, "edges", A.hardsigmoid_backward.default, U(8), edges)
+    case(op, "f32", A.hardsigmoid_backward.default, T(U(4, 3)), U(4, 3, lo=-5, hi=5))
     seed("hardtanh_backward")
     op = "hardtanh_backward"
     case(op, "relu6", lambda g, x: A.hardtanh_backward.default(g, x, 0.0, 6.0), U(3, 4), U(3, 4, lo=-2, hi=8))

@@ -467,8 +467,9 @@ static LLVMValueRef scratch_ptr(gen_t *g, uint32_t buf)
 #define VAR_T (CIR_MAX_VARS - 2)
 #define VAR_L (CIR_MAX_VARS - 1)
 
-static const kiln_expr_t *lane_form(gen_t *g, const kiln_expr_t *e, int w,
-				    int64_t *coef)
+/* e with the vector variable v := w·T + L, simplified knowing L < w; the
+ * lane form of lane_form and lane_offsets (NULL: no vector variable) */
+static const kiln_expr_t *lane_subst(gen_t *g, const kiln_expr_t *e, int w)
 {
 	cctx_t *c = g->c;
 	if (g->vvar < 0 || w <= 1)
@@ -487,6 +488,13 @@ static const kiln_expr_t *lane_form(gen_t *g, const kiln_expr_t *e, int w,
 	c->var_known[VAR_T] = kt;
 	c->var_known[VAR_L] = kl;
 	c->var_size[VAR_L] = sl;
+	return e2;
+}
+
+static const kiln_expr_t *lane_form(gen_t *g, const kiln_expr_t *e, int w,
+				    int64_t *coef)
+{
+	const kiln_expr_t *e2 = lane_subst(g, e, w);
 	if (e2 == NULL || !ix_coef(e2, VAR_L, coef))
 		return NULL;
 	return e2;
@@ -639,31 +647,23 @@ static LLVMValueRef load_strided(gen_t *g, LLVMValueRef p, int64_t s,
 /* A load whose index, with the vector variable v = w·T + L, moves from
  * lane to lane by amounts that are constants but not one affine step:
  * (v + c) // d (a nearest upsampling's source, a pooling backward's
- * window), reading lanes' elements within one vector's span. Returns the
- * index at lane 0 (*i0) and each lane's offset from the span's first
- * element, or false. */
+ * window), reading lanes' elements within one vector's span. Gives the
+ * span's first element in lane form (*e2out: its index where L = 0) and
+ * each lane's offset from it (off), or returns false. */
 static bool lane_offsets(gen_t *g, const kiln_expr_t *e, int w,
 			 const kiln_expr_t **e2out, int64_t *off)
 {
 	cctx_t *c = g->c;
-	if (g->vvar < 0 || w <= 1 || w > 64)
+	if (w > 64)
 		return false;
-	bool kt = c->var_known[VAR_T], kl = c->var_known[VAR_L];
-	kiln_dim_t sl = c->var_size[VAR_L];
-	c->var_known[VAR_T] = false;
-	c->var_known[VAR_L] = true;
-	c->var_size[VAR_L] = dim_const(w);
+	const kiln_expr_t *e2 = lane_subst(g, e, w);
 	const kiln_expr_t *map[CIR_MAX_VARS];
 	for (int k = 0; k < CIR_MAX_VARS; k++)
 		map[k] = NULL;
-	map[g->vvar] = ix_add(c, ix_mul(c, ix_const(c, w), ix_var(c, VAR_T)),
-			      ix_var(c, VAR_L));
-	const kiln_expr_t *e2 = ix_subst(c, e, map, CIR_MAX_VARS);
 	bool ok = e2 != NULL;
 	const kiln_expr_t *at0 = NULL;
 	int64_t lo = 0, hi = 0;
 	for (int l = 0; ok && l < w; l++) {
-		map[g->vvar] = NULL;
 		map[VAR_L] = ix_const(c, l);
 		const kiln_expr_t *el = ix_subst(c, e2, map, CIR_MAX_VARS);
 		if (l == 0)
@@ -676,9 +676,6 @@ static bool lane_offsets(gen_t *g, const kiln_expr_t *e, int w,
 			hi = off[l] > hi ? off[l] : hi;
 		}
 	}
-	c->var_known[VAR_T] = kt;
-	c->var_known[VAR_L] = kl;
-	c->var_size[VAR_L] = sl;
 	if (!ok || hi - lo >= w)
 		return false;
 	for (int l = 0; l < w; l++)

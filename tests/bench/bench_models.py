@@ -20,7 +20,9 @@ tokens), llama (LLaMA, 2 layers of 512, 8192 tokens of vocabulary, 4 x
 128), bert (BERT masked LM, 2 layers of 768, 8 x 128, padding masked),
 vit (timm vit_small_patch16_224, batch 8), resnet50 (torchvision, batch 8
 at 128²), convnext (timm convnext_nano, batch 8 at 128²), t5 (T5, 2 + 2
-layers of 256, 4 x 64). Training is forward, loss, backward and an SGD
+layers of 256, 4 x 64), swin (timm swin_tiny_patch4_window7_224, batch 2),
+unet (a diffusion model's UNet in small, width 64, batch 8 at 64²: GroupNorm,
+SiLU, attention over 32² positions, nearest upsampling; MSE loss). Training is forward, loss, backward and an SGD
 step; inference runs under torch.no_grad().
 """
 import argparse
@@ -89,10 +91,71 @@ def build(name, train):
         ids = torch.randint(0, 8192, (4, 64))
         return m, (lambda f: f(input_ids=ids, labels=ids).loss if train
                    else f(input_ids=ids, decoder_input_ids=ids).logits)
+    if name == "swin":
+        import timm
+        m = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False,
+                              num_classes=100, drop_path_rate=0.0)
+        x = torch.randn(2, 3, 224, 224)
+        return m, (lambda f: f(x).logsumexp(1).mean() if train else f(x))
+    if name == "unet":
+        m = _unet()
+        x, tgt = torch.randn(8, 3, 64, 64), torch.randn(8, 3, 64, 64)
+        return m, (lambda f: torch.nn.functional.mse_loss(f(x), tgt) if train else f(x))
     raise SystemExit(f"bench_models: unknown model {name!r}")
 
 
-MODELS = ["gpt2", "llama", "bert", "vit", "resnet50", "convnext", "t5"]
+def _unet(c=64):
+    """A diffusion model's UNet in small: residual blocks of GroupNorm,
+    SiLU and 3x3 convolutions, a strided convolution down, self-attention
+    over the 32² positions, nearest 2x upsampling up, skip connections by
+    concatenation."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Res(nn.Module):
+        def __init__(s, ci, co):
+            super().__init__()
+            s.n1, s.c1 = nn.GroupNorm(8, ci), nn.Conv2d(ci, co, 3, padding=1)
+            s.n2, s.c2 = nn.GroupNorm(8, co), nn.Conv2d(co, co, 3, padding=1)
+            s.sk = nn.Conv2d(ci, co, 1) if ci != co else nn.Identity()
+
+        def forward(s, x):
+            h = s.c2(F.silu(s.n2(s.c1(F.silu(s.n1(x))))))
+            return h + s.sk(x)
+
+    class Attn(nn.Module):
+        def __init__(s, ch):
+            super().__init__()
+            s.n, s.qkv, s.o = nn.GroupNorm(8, ch), nn.Conv2d(ch, 3 * ch, 1), nn.Conv2d(ch, ch, 1)
+
+        def forward(s, x):
+            b, ch, h, w = x.shape
+            q, k, v = s.qkv(s.n(x)).reshape(b, 3, ch, h * w).unbind(1)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2))
+            return x + s.o(a.transpose(1, 2).reshape(b, ch, h, w))
+
+    class UNet(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.inp = nn.Conv2d(3, c, 3, padding=1)
+            s.d1, s.down = Res(c, c), nn.Conv2d(c, c, 3, stride=2, padding=1)
+            s.d2, s.mid, s.m2 = Res(c, 2 * c), Attn(2 * c), Res(2 * c, 2 * c)
+            s.u2, s.u1 = Res(4 * c, c), Res(2 * c, c)
+            s.out = nn.Conv2d(c, 3, 3, padding=1)
+
+        def forward(s, x):
+            h1 = s.d1(s.inp(x))
+            h2 = s.d2(s.down(h1))
+            u = s.u2(torch.cat([s.m2(s.mid(h2)), h2], 1))
+            u = F.interpolate(u, scale_factor=2, mode="nearest")
+            return s.out(F.silu(s.u1(torch.cat([u, h1], 1))))
+
+    return UNet()
+
+
+MODELS = ["gpt2", "llama", "bert", "vit", "resnet50", "convnext", "t5", "swin", "unet"]
 
 
 def stepper(base, call, backend, train):

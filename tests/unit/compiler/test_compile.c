@@ -1207,13 +1207,12 @@ static void ints(gb_t *b, int64_t v0, int64_t v1)
  * an inaccessible page at either end (a load past what a lane wants
  * faults), compiled for this CPU and, where it has AVX2 and FMA, for an
  * AVX2 one (8 lanes). */
-static void match_everywhere(kiln_compiler_t *kc, const kiln_graph_t *g,
-			     uint64_t seed, double tol, const char *what)
+/* A compiler for an AVX2 CPU (8 lanes), or NULL where this one lacks
+ * AVX2 or FMA. */
+static kiln_compiler_t *avx2_compiler(void)
 {
-	for (int gu = GUARD_NONE; gu <= GUARD_START; gu++)
-		match_interp(kc, g, "default", seed, tol, what, gu);
 	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-		return;
+		return NULL;
 	kiln_target_t t;
 	memset(&t, 0, sizeof(t));
 	strcpy(t.backend, "cpu");
@@ -1221,9 +1220,20 @@ static void match_everywhere(kiln_compiler_t *kc, const kiln_graph_t *g,
 	strcpy(t.features, "+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,"
 			   "+avx,+avx2,+fma,+f16c,+cx16,+fxsr");
 	char err[512];
-	kiln_compiler_t *k8 = NULL;
-	cr_assert_eq(kiln_compiler_new(&t, &k8, err, sizeof(err)), 0, "%s",
+	kiln_compiler_t *kc = NULL;
+	cr_assert_eq(kiln_compiler_new(&t, &kc, err, sizeof(err)), 0, "%s",
 		     err);
+	return kc;
+}
+
+static void match_everywhere(kiln_compiler_t *kc, const kiln_graph_t *g,
+			     uint64_t seed, double tol, const char *what)
+{
+	for (int gu = GUARD_NONE; gu <= GUARD_START; gu++)
+		match_interp(kc, g, "default", seed, tol, what, gu);
+	kiln_compiler_t *k8 = avx2_compiler();
+	if (k8 == NULL)
+		return;
 	for (int gu = GUARD_NONE; gu <= GUARD_START; gu++)
 		match_interp(k8, g, "default", seed, tol, what, gu);
 	kiln_compiler_free(k8);
@@ -3695,17 +3705,9 @@ Test(codegen, strided_and_uniform_masked_loads_are_not_gathers)
 	kiln_compiler_free(kc);
 	/* and on 8 lanes, as an AVX2 CPU compiles them (vmaskmovps
 	 * instead of AVX-512's masked moves) */
-	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+	kc = avx2_compiler();
+	if (kc == NULL)
 		return;
-	kiln_target_t t;
-	memset(&t, 0, sizeof(t));
-	strcpy(t.backend, "cpu");
-	strcpy(t.arch, "x86-64");
-	strcpy(t.features, "+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,"
-			   "+avx,+avx2,+fma,+f16c,+cx16,+fxsr");
-	char err[512];
-	cr_assert_eq(kiln_compiler_new(&t, &kc, err, sizeof(err)), 0, "%s",
-		     err);
 	gb_t b;
 	slice_step_graph(&b, "f32", 5, 63, 2);
 	cr_expect(raw_ir_has(kc, &b, "slice", "<8 x float>"),

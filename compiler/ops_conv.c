@@ -340,6 +340,20 @@ static lt_t *cols_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t O, int64_t OH,
 	return y4 ? lt_permute(c, y4, perm) : NULL;
 }
 
+/* [N, H, W, X] (channels-last order) as [N, X, H, W]: a permuted view */
+static const uint32_t nhwc_to_nchw[4] = {0, 3, 1, 2};
+
+/* out[N·H·W, X] (a product over every position, channels-last) as y[N, X,
+ * H, W]: a view, NULL when out of memory */
+static lt_t *rows_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t H, int64_t W,
+		       int64_t X)
+{
+	kiln_dim_t o4[4] = {dim_const(N), dim_const(H), dim_const(W),
+			    dim_const(X)};
+	lt_t *y4 = lt_reshape(c, o2, 4, o4);
+	return y4 ? lt_permute(c, y4, nhwc_to_nchw) : NULL;
+}
+
 /* Whether implicit GEMM takes a groups == 1 convolution that would
  * otherwise build a whole-image or batched im2col: f32 with the GEMM
  * template, N·OH·OW making at least CG_CONV_IMPLICIT_MIN_UNITS units of
@@ -453,7 +467,6 @@ static int conv_1x1_nhwc(lnode_t *n, lt_t *x, lt_t *w, kiln_dtype_t acc,
 			 lt_t **y)
 {
 	cctx_t *c = n->c;
-	static const uint32_t to_nchw[4] = {0, 3, 1, 2};
 	lt_t *a, *wa;
 	int rc = nhwc_rows(n, x, acc, NULL, &a); /* [N·H·W, C] */
 	if (rc == 0)
@@ -468,10 +481,7 @@ static int conv_1x1_nhwc(lnode_t *n, lt_t *x, lt_t *w, kiln_dtype_t acc,
 	rc = lgemm(n, a, bt, acc, &o2);
 	if (rc != 0)
 		return rc;
-	kiln_dim_t o4[4] = {dim_const(N), dim_const(H), dim_const(W),
-			    dim_const(O)};
-	lt_t *y4 = lt_reshape(c, o2, 4, o4);
-	*y = y4 ? lt_permute(c, y4, to_nchw) : NULL;
+	*y = rows_nchw(c, o2, N, H, W, O);
 	return *y ? 0 : -ENOMEM;
 }
 
@@ -519,8 +529,7 @@ static int conv_depthwise_nhwc(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	rc = lred(n, full, (1u << 3) | (1u << 4), false, RED_SUM, acc, &r);
 	if (rc != 0)
 		return rc;
-	static const uint32_t nchw[4] = {0, 3, 1, 2};
-	*y = lt_permute(c, r, nchw);
+	*y = lt_permute(c, r, nhwc_to_nchw);
 	return *y ? 0 : -ENOMEM;
 }
 
@@ -1045,7 +1054,6 @@ static int conv_bw_1x1_nhwc(lnode_t *n, lt_t *x, lt_t *w, lt_t **gop,
 	cctx_t *c = n->c;
 	int64_t N = x->sizes[0].c, C = x->sizes[1].c, H = x->sizes[2].c,
 		W = x->sizes[3].c, O = w->sizes[0].c;
-	static const uint32_t nchw[4] = {0, 3, 1, 2};
 	const uint32_t tr[2] = {1, 0};
 	lt_t *go2, *xb;
 	int rc = nhwc_rows(n, *gop, acc, gop, &go2); /* [N·H·W, O] */
@@ -1058,10 +1066,7 @@ static int conv_bw_1x1_nhwc(lnode_t *n, lt_t *x, lt_t *w, lt_t **gop,
 			rc = lgemm(n, go2, wb, acc, &gi2);
 		if (rc != 0)
 			return rc;
-		kiln_dim_t i4[4] = {dim_const(N), dim_const(H), dim_const(W),
-				    dim_const(C)};
-		lt_t *gi = lt_reshape(c, gi2, 4, i4);
-		rc = lset(n, 0, gi ? lt_permute(c, gi, nchw) : NULL);
+		rc = lset(n, 0, rows_nchw(c, gi2, N, H, W, C));
 		if (rc != 0)
 			return rc;
 	}

@@ -488,8 +488,9 @@ int low_masked_fill(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, odt, rank, sizes, sx_where(c, m, v, x)));
 }
 
-/* e without additions of the float constant 0 (x + 0 is x for every x
- * but -0, which a converted integer never is: only where a is one). */
+/* e without additions of the float constant 0. x + 0 is x for every x but
+ * -0: scaled_index strips them only around a converted non-negative
+ * integer and its product by a positive constant, never -0. */
 static const sx_t *strip_add0(const sx_t *e)
 {
 	while (e->kind == SX_BIN && e->op == OP_ADD) {

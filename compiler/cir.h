@@ -189,6 +189,9 @@ typedef struct convspec {
 	 * GEMM template packing B's blocks straight from the input (no
 	 * im2col buffer); rows unused */
 	bool implicit;
+	/* groups (implicit GEMM: a product per group, units over the groups
+	 * then the columns; the other forms take groups == 1): 1 or more */
+	int64_t G;
 } convspec_t;
 
 /* ---- kernels ------------------------------------------------------------- */

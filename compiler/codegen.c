@@ -4671,12 +4671,14 @@ int64_t cg_conv_implicit_units(int64_t cols)
 
 static int64_t conv_implicit_units(const convspec_t *cs)
 {
-	return cg_conv_implicit_units(cs->N * cs->OH * cs->OW);
+	return cs->G * cg_conv_implicit_units(cs->N * cs->OH * cs->OW);
 }
 
 /* One unit u of conv_implicit_units: out[:, j0 .. j0 + nc) = W @
  * im2col(x)[:, j0 .. j0 + nc) by the blocked template, whose B blocks
- * tgemm_pack_conv gathers from x (so the im2col never reaches memory). */
+ * tgemm_pack_conv gathers from x (so the im2col never reaches memory).
+ * With groups, unit u is group g = u / (units a group) and its block of
+ * columns: W's rows [g·Og, (g + 1)·Og) over x's channels from g·Cg. */
 static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
 				   LLVMValueRef end)
 {
@@ -4685,9 +4687,10 @@ static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
 	const convspec_t *cs = n->conv;
 	const lt_t *wt = n->ga, *xt = n->gb;
 	LLVMTypeRef et = g->f32;
-	int64_t NP = cs->N * cs->OH * cs->OW, CKK = cs->C * cs->KH * cs->KW;
+	int64_t NP = cs->N * cs->OH * cs->OW,
+		CKK = cs->C / cs->G * cs->KH * cs->KW, Og = cs->O / cs->G;
 	int64_t np = (NP + CG_TG_NR - 1) / CG_TG_NR;
-	int64_t nub = conv_implicit_units(cs);
+	int64_t nub = cg_conv_implicit_units(NP);
 	LLVMValueRef bp =
 	    entry_alloca(g, LLVMArrayType(et, (unsigned)(TG_KC * TG_NC)));
 	LLVMValueRef ap =
@@ -4698,7 +4701,8 @@ static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
 	for (int k = 0; k < 4; k++)
 		cb.xs[k] = xt->strides[k].c;
 	LLVMValueRef xoff = emit_ix(g, ix_dim(c, xt->offset));
-	cb.x = LLVMBuildGEP2(g->b, et, buf_ptr(g, xt->buf), &xoff, 1, "");
+	LLVMValueRef xp =
+	    LLVMBuildGEP2(g->b, et, buf_ptr(g, xt->buf), &xoff, 1, "");
 	LLVMValueRef woff = emit_ix(g, ix_dim(c, wt->offset));
 	LLVMValueRef wp =
 	    LLVMBuildGEP2(g->b, et, buf_ptr(g, wt->buf), &woff, 1, "");
@@ -4707,13 +4711,26 @@ static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
 	LLVMValueRef op = buf_ptr(g, n->buf);
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef gi = K64(g, 0), ui = U.i;
+	if (cs->G > 1) {
+		gi = LLVMBuildUDiv(g->b, U.i, K64(g, nub), "");
+		ui = LLVMBuildURem(g->b, U.i, K64(g, nub), "");
+	}
 	LLVMValueRef j0, nc;
-	panel_block(g, U.i, K64(g, np), K64(g, nub), K64(g, NP), CG_TG_NR, &j0,
+	panel_block(g, ui, K64(g, np), K64(g, nub), K64(g, NP), CG_TG_NR, &j0,
 		    &nc);
 	cb.col0 = j0;
-	tgemm_blocked(g, K64(g, cs->O), nc, CKK, wp, lda, sak, NULL, NULL, NULL,
-		      false, LLVMBuildGEP2(g->b, et, op, &j0, 1, ""),
-		      K64(g, NP), bp, ap, &cb);
+	LLVMValueRef r0 = LLVMBuildMul(g->b, gi, K64(g, Og), "");
+	LLVMValueRef xg =
+	    LLVMBuildMul(g->b, gi, K64(g, cs->C / cs->G * cb.xs[1]), "");
+	cb.x = LLVMBuildGEP2(g->b, et, xp, &xg, 1, "");
+	LLVMValueRef wg = LLVMBuildMul(g->b, r0, lda, "");
+	LLVMValueRef og =
+	    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, r0, K64(g, NP), ""), j0, "");
+	tgemm_blocked(
+	    g, K64(g, Og), nc, CKK, LLVMBuildGEP2(g->b, et, wp, &wg, 1, ""),
+	    lda, sak, NULL, NULL, NULL, false,
+	    LLVMBuildGEP2(g->b, et, op, &og, 1, ""), K64(g, NP), bp, ap, &cb);
 	loop_end(g, &U);
 }
 

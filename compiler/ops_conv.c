@@ -21,9 +21,18 @@
  *     im2col below); the
  *     bias, and the eval batch_norm / relu / residual add that follow in the
  *     graph, fuse into one pointwise kernel after it.
- *   direct (depthwise and other convolutions with Cg·KH·KW <= 32): a
- *     reduction over (cg, kh, kw) of x·w, vectorized across output columns.
- * Backward (output_mask decides which), groups == 1 and a BLAS
+ *   direct (depthwise and other convolutions with Cg·KH·KW <= 32, or <= 64
+ *     over rows of a multiple of 4 columns): a reduction over (cg, kh, kw)
+ *     of x·w, vectorized across output columns.
+ *   depthwise past the direct form (or where the graph wants channels-last
+ *     output): the same sum channels-last, the channels the vector
+ *     (conv_depthwise_nhwc).
+ *   grouped past the direct form: a product per group, W[g] [Og, Cg·KH·KW]
+ *     @ col[g] [Cg·KH·KW, N·OH·OW], the batch in its columns: implicit GEMM
+ *     per group (f32 on AVX-512, at least 8 rows a group), else the batched
+ *     im2col (conv_grouped).
+ * Backward (output_mask decides which), groups == 1 or grouped past the
+ * direct form (a product per group, the batch in its columns) and a BLAS
  * (conv_bw_gemm; also for small Cg·KH·KW such as 1x1 convolutions of few
  * channels: their backward reduces over O and over N·OH·OW, which are
  * large -- MobileNetV2's training step 1.06x → 0.72x eager): grad_weight = Σ_n
@@ -288,7 +297,8 @@ static convspec_t *new_convspec(cctx_t *c, const conv_t *cv,
 			   .KH = dims[5],
 			   .KW = dims[6],
 			   .OH = dims[7],
-			   .OW = dims[8]};
+			   .OW = dims[8],
+			   .G = 1};
 	for (int k = 0; k < 2; k++) {
 		cs->s[k] = cv->s[k];
 		cs->p[k] = cv->p[k];
@@ -354,6 +364,45 @@ static lt_t *rows_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t H, int64_t W,
 	return y4 ? lt_permute(c, y4, nhwc_to_nchw) : NULL;
 }
 
+/* A grouped convolution (G > 1) that is not direct: a product per group
+ * with the batch in its columns. col[(c, kh, kw), (n, oh, ow)] (the
+ * batched im2col) is [G, Cg·KH·KW, N·OH·OW] and W [O, Cg, KH, KW] is [G,
+ * Og, Cg·KH·KW] as it lies, so out[G, Og, N·OH·OW] = W[g] @ col[g] is
+ * [O, N·OH·OW], read as [N, O, OH, OW] (cols_nchw). This had been a
+ * product per image and group, of OH·OW columns, over W copied once per
+ * image: RegNetY's groups of 16 channels at 4², batch 4, were 192
+ * products of 16 columns. */
+static int conv_grouped(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
+			kiln_dtype_t acc, const int64_t *dims, lt_t **y)
+{
+	cctx_t *c = n->c;
+	int64_t N = dims[0], C = dims[1], O = dims[4], KH = dims[5],
+		KW = dims[6], OH = dims[7], OW = dims[8], G = cv->groups;
+	int64_t NP = N * OH * OW, CKKg = C / G * KH * KW;
+	kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
+			    dim_const(N), dim_const(OH), dim_const(OW)};
+	lt_t *col;
+	int rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &col);
+	if (rc != 0)
+		return rc;
+	lt_t *wa = w;
+	if (wa->dtype != acc)
+		wa = lt_fn(c, acc, 4, w->sizes, sx_cast(c, lt_body(c, w), acc));
+	kiln_dim_t c3[3] = {dim_const(G), dim_const(CKKg), dim_const(NP)};
+	kiln_dim_t w3[3] = {dim_const(G), dim_const(O / G), dim_const(CKKg)};
+	lt_t *col3 = lt_reshape(c, col, 3, c3);
+	lt_t *wv = wa ? lt_reshape(c, wa, 3, w3) : NULL, *o3;
+	if (col3 == NULL || wv == NULL)
+		return -ENOMEM;
+	rc = lgemm(n, wv, col3, acc, &o3);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t o2[2] = {dim_const(O), dim_const(NP)};
+	lt_t *p = lt_reshape(c, o3, 2, o2);
+	*y = p ? cols_nchw(c, p, N, O, OH, OW) : NULL;
+	return *y ? 0 : -ENOMEM;
+}
+
 /* Whether implicit GEMM takes a groups == 1 convolution that would
  * otherwise build a whole-image or batched im2col: f32 with the GEMM
  * template, N·OH·OW making at least CG_CONV_IMPLICIT_MIN_UNITS units of
@@ -361,11 +410,12 @@ static lt_t *rows_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t H, int64_t W,
  * 32-bit gather indices (x as conv_implicit reads it: itself when it is a
  * buffer of dtype acc, else a contiguous copy). */
 static bool conv_implicit_ok(cctx_t *c, const lnode_t *n, const lt_t *x,
-			     kiln_dtype_t acc, const int64_t *dims)
+			     kiln_dtype_t acc, const int64_t *dims, int64_t G)
 {
 	int64_t N = dims[0], OH = dims[7], OW = dims[8];
 	if (!conv_template(c, n, acc) ||
-	    cg_conv_implicit_units(N * OH * OW) < CG_CONV_IMPLICIT_MIN_UNITS ||
+	    G * cg_conv_implicit_units(N * OH * OW) <
+		CG_CONV_IMPLICIT_MIN_UNITS ||
 	    N * dims[1] * dims[2] * dims[3] >= INT32_MAX ||
 	    N * OH * OW >= INT32_MAX)
 		return false;
@@ -395,7 +445,7 @@ static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	lt_t *xb, *wb;
 	int rc = acc_buf(n, x, acc, false, &xb);
 	if (rc == 0)
-		rc = weight_2d(n, w, O, C * KH * KW, acc, &wb);
+		rc = weight_2d(n, w, O, C / cv->groups * KH * KW, acc, &wb);
 	if (rc != 0)
 		return rc;
 	convspec_t *cs = new_convspec(c, cv, dims);
@@ -403,6 +453,7 @@ static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 		return -ENOMEM;
 	cs->tmpl = true;
 	cs->implicit = true;
+	cs->G = cv->groups;
 	kiln_dim_t sz[2] = {dim_const(O), dim_const(N * OH * OW)};
 	lt_t *o2;
 	rc = lgemm_node(n, wb, xb, cs, acc, 2, sz, &o2);
@@ -635,7 +686,18 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		rc = conv_1x1_nhwc(n, x, w, acc, N, C, H, W, O, &y);
 		if (rc != 0)
 			return rc;
-	} else if (direct && G > 1 && Cg == 1 && Og == 1 && nhwc_out(n)) {
+	} else if (G > 1 && Cg == 1 && Og == 1 &&
+		   ((direct && nhwc_out(n)) ||
+		    (!direct && O % c->vec_width == 0))) {
+		/* depthwise, channels-last: where the graph wants that, and
+		 * where the direct form along OW is not taken (rows that end
+		 * in scalar lanes, or more than 64 taps), in place of an
+		 * im2col of KH·KW times the input and a product of one row a
+		 * channel. x and y are transposed around it. 7x7 at 7²,
+		 * batch 8, 384 channels: 3.0 -> 0.22 ms; ConvMixer-768/32's
+		 * 7x7 at 18²: 111 -> 45 ms a forward. The direct form stays
+		 * where it is taken (3x3 at 14², 576 channels: 0.29 ms along
+		 * OW, 0.33 channels-last) */
 		rc = conv_depthwise_nhwc(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
@@ -668,7 +730,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 			return rc;
 	} else if ((batched || (G == 1 && !one &&
 				!conv_use_tiled(c, n, CKK, OH, OW, N, acc))) &&
-		   conv_implicit_ok(c, n, x, acc, dims)) {
+		   conv_implicit_ok(c, n, x, acc, dims, 1)) {
 		/* implicit GEMM in place of the batched or whole-image
 		 * im2col below */
 		rc = conv_implicit(n, x, w, &cv, acc, dims, &y);
@@ -729,54 +791,42 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		rc = conv_tiled(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
-	} else {
-		/* im2col: [N·G, Cg, KH, KW, OH, OW], realized contiguous */
-		kiln_dim_t cs[6] = {dim_const(N * G), dim_const(Cg),
-				    dim_const(KH),    dim_const(KW),
-				    dim_const(OH),    dim_const(OW)};
-		const kiln_expr_t *nn = ix_floordiv(c, IV(0), IC(G));
-		const kiln_expr_t *ch = ix_add(
-		    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Cg)), IV(1));
-		lt_t *col;
-		rc = im2col(n, x, &cv, acc, cs, nn, ch, 2, 3, &col);
+	} else if (G > 1 && Og >= CG_TG_MR &&
+		   conv_implicit_ok(c, n, x, acc, dims, G)) {
+		/* a product per group, packed from x (at least one register
+		 * tile's rows a group: depthwise ones of few columns are
+		 * products of one row) */
+		rc = conv_implicit(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
-		kiln_dim_t c3[3] = {dim_const(N * G), dim_const(CKK),
+	} else if (G > 1) {
+		rc = conv_grouped(n, x, w, &cv, acc, dims, &y);
+		if (rc != 0)
+			return rc;
+	} else {
+		/* im2col: [N, C, KH, KW, OH, OW], realized contiguous */
+		kiln_dim_t cs[6] = {dim_const(N),  dim_const(C),
+				    dim_const(KH), dim_const(KW),
+				    dim_const(OH), dim_const(OW)};
+		lt_t *col;
+		rc = im2col(n, x, &cv, acc, cs, IV(0), IV(1), 2, 3, &col);
+		if (rc != 0)
+			return rc;
+		kiln_dim_t c3[3] = {dim_const(N), dim_const(CKK),
 				    dim_const(OH * OW)};
 		lt_t *col3 = lt_reshape(c, col, 3, c3);
-		/* weights as [N·G, Og, CKK]: a stride-0 view when G == 1,
-		 * else one copy per image */
+		/* weights as [N, O, CKK]: a stride-0 view */
 		lt_t *wa = w;
 		if (wa->dtype != acc)
 			wa = lt_fn(c, acc, 4, w->sizes,
 				   sx_cast(c, lt_body(c, w), acc));
 		if (wa == NULL)
 			return -ENOMEM;
-		lt_t *w3;
-		if (G == 1) {
-			kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
-			lt_t *wv = lt_reshape(c, wa, 2, w2);
-			kiln_dim_t e3[3] = {dim_const(N), dim_const(O),
-					    dim_const(CKK)};
-			w3 = wv ? lt_expand(c, wv, 3, e3) : NULL;
-			if (w3 != NULL && !w3->is_buf) {
-				rc = lt_realize(c, w3, (int32_t)n->index, &w3);
-				if (rc != 0)
-					return rc;
-			}
-		} else {
-			kiln_dim_t e3[3] = {dim_const(N * G), dim_const(Og),
-					    dim_const(CKK)};
-			const kiln_expr_t *o = ix_add(
-			    c, ix_mul(c, ix_mod(c, IV(0), IC(G)), IC(Og)),
-			    IV(1));
-			const kiln_expr_t *wi[4] = {
-			    o, ix_floordiv(c, IV(2), IC(KH * KW)),
-			    ix_mod(c, ix_floordiv(c, IV(2), IC(KW)), IC(KH)),
-			    ix_mod(c, IV(2), IC(KW))};
-			w3 = lt_fn(c, acc, 3, e3, lt_at(c, wa, wi));
-			if (w3 == NULL)
-				return -ENOMEM;
+		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+		lt_t *wv = lt_reshape(c, wa, 2, w2);
+		kiln_dim_t e3[3] = {dim_const(N), dim_const(O), dim_const(CKK)};
+		lt_t *w3 = wv ? lt_expand(c, wv, 3, e3) : NULL;
+		if (w3 != NULL && !w3->is_buf) {
 			rc = lt_realize(c, w3, (int32_t)n->index, &w3);
 			if (rc != 0)
 				return rc;
@@ -850,21 +900,39 @@ static int bw_weight_one(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *go2,
 			 kiln_dtype_t acc, lt_t **gw)
 {
 	cctx_t *c = n->c;
-	int64_t P = go2->sizes[1].c / N;
-	int64_t C = x->sizes[1].c, OH = P / OW;
+	int64_t P = go2->sizes[1].c / N, O = go2->sizes[0].c;
+	int64_t C = x->sizes[1].c, OH = P / OW, G = cv->groups;
+	int64_t CKKg = C / G * KH * KW;
 	kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
 			    dim_const(N), dim_const(OH), dim_const(OW)};
 	lt_t *col;
 	int rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &col);
 	if (rc != 0)
 		return rc;
-	kiln_dim_t k2[2] = {dim_const(C * KH * KW), dim_const(N * P)};
-	lt_t *colk = lt_reshape(c, col, 2, k2);
-	const uint32_t t2[2] = {1, 0};
-	lt_t *colt = colk ? lt_permute(c, colk, t2) : NULL;
-	if (colt == NULL)
+	if (G == 1) {
+		kiln_dim_t k2[2] = {dim_const(C * KH * KW), dim_const(N * P)};
+		lt_t *colk = lt_reshape(c, col, 2, k2);
+		const uint32_t t2[2] = {1, 0};
+		lt_t *colt = colk ? lt_permute(c, colk, t2) : NULL;
+		if (colt == NULL)
+			return -ENOMEM;
+		return lgemm(n, go2, colt, acc, gw);
+	}
+	/* per group g: gO2[g] (Og x N·OHW) @ col[g]^T (N·OHW x Cg·KH·KW) */
+	kiln_dim_t k3[3] = {dim_const(G), dim_const(CKKg), dim_const(N * P)};
+	kiln_dim_t g3[3] = {dim_const(G), dim_const(O / G), dim_const(N * P)};
+	const uint32_t t3[3] = {0, 2, 1};
+	lt_t *colk = lt_reshape(c, col, 3, k3);
+	lt_t *colt = colk ? lt_permute(c, colk, t3) : NULL;
+	lt_t *gg = lt_reshape(c, go2, 3, g3), *p;
+	if (colt == NULL || gg == NULL)
 		return -ENOMEM;
-	return lgemm(n, go2, colt, acc, gw);
+	rc = lgemm(n, gg, colt, acc, &p);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t w2[2] = {dim_const(O), dim_const(CKKg)};
+	*gw = lt_reshape(c, p, 2, w2);
+	return *gw ? 0 : -ENOMEM;
 }
 
 /* grad_output [N, O, OHW] as the product operand [O, N·OHW] that
@@ -929,6 +997,7 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 		W = x->sizes[3].c;
 	int64_t O = w->sizes[0].c, KH = w->sizes[2].c, KW = w->sizes[3].c;
 	int64_t OH = go->sizes[2].c, OW = go->sizes[3].c, CKK = C * KH * KW;
+	int64_t G = cv->groups, Cg = C / G, CKKg = CKK / G;
 	lt_t *gb;
 	int rc = acc_buf(n, go, acc, false, &gb);
 	if (rc != 0)
@@ -940,9 +1009,9 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	/* small images: the batch side by side in the columns of one
 	 * product for grad_input (as in the forward), and for grad_weight
 	 * where a product per image would be large */
-	bool small = N > 1 && OH * OW < CONV_BATCH_COLS_P;
+	bool small = G > 1 || (N > 1 && OH * OW < CONV_BATCH_COLS_P);
 	bool wone = mask[1] && n->n->n_out > 1 && small &&
-		    N * O * CKK >= CONV_BW_ONE_MIN;
+		    (G > 1 || N * O * CKK >= CONV_BW_ONE_MIN);
 	lt_t *go2 = NULL; /* [O, N·OHW] */
 	if (wone || (mask[0] && small)) {
 		rc = go_cols(n, go3, &go2);
@@ -959,7 +1028,7 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 						 &gw);
 		if (rc != 0)
 			return rc;
-		kiln_dim_t w4[4] = {dim_const(O), dim_const(C), dim_const(KH),
+		kiln_dim_t w4[4] = {dim_const(O), dim_const(Cg), dim_const(KH),
 				    dim_const(KW)};
 		gw = lt_reshape(c, gw, 4, w4);
 		if (gw == NULL)
@@ -975,14 +1044,38 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 		rc = acc_buf(n, w, acc, false, &wb);
 		if (rc != 0)
 			return rc;
-		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
+		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKKg)};
 		lt_t *wv = lt_reshape(c, wb, 2, w2);
 		const uint32_t tr[2] = {1, 0};
-		lt_t *wt = wv ? lt_permute(c, wv, tr) : NULL; /* [CKK, O] */
+		lt_t *wt = wv ? lt_permute(c, wv, tr) : NULL; /* [CKKg, O] */
 		if (wt == NULL)
 			return -ENOMEM;
 		lt_t *gcol; /* [N, CKK, OHW] */
-		if (small) {
+		if (G > 1) {
+			/* per group g: gcol[g] [Cg·KH·KW, N·OHW] = W[g]ᵀ
+			 * (Cg·KH·KW x Og) @ go2[g] (Og x N·OHW); the groups'
+			 * rows stack into [CKK, N·OHW] */
+			kiln_dim_t wg[3] = {dim_const(G), dim_const(O / G),
+					    dim_const(CKKg)};
+			kiln_dim_t gg[3] = {dim_const(G), dim_const(O / G),
+					    dim_const(N * OH * OW)};
+			const uint32_t t3[3] = {0, 2, 1};
+			lt_t *w3 = lt_reshape(c, wb, 3, wg);
+			lt_t *wt3 = w3 ? lt_permute(c, w3, t3) : NULL;
+			lt_t *g3 = lt_reshape(c, go2, 3, gg), *p;
+			if (wt3 == NULL || g3 == NULL)
+				return -ENOMEM;
+			rc = lgemm(n, wt3, g3, acc, &p);
+			if (rc != 0)
+				return rc;
+			kiln_dim_t c3[3] = {dim_const(CKK), dim_const(N),
+					    dim_const(OH * OW)};
+			const uint32_t n3[3] = {1, 0, 2};
+			lt_t *p3 = lt_reshape(c, p, 3, c3);
+			gcol = p3 ? lt_permute(c, p3, n3) : NULL;
+			if (gcol == NULL)
+				return -ENOMEM;
+		} else if (small) {
 			/* gcol2 [CKK, N·OHW] = Wᵀ @ go2, read as [N, CKK,
 			 * OHW]: one product of N·OHW columns packs Wᵀ once
 			 * (ConvNeXt-nano's 640 -> 2560 at 4², batch 8: 8
@@ -1232,9 +1325,12 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 			return rc;
 		mask[0] = false;
 		mask[1] = false;
-	} else if (G == 1 && c->blas != NULL &&
+	} else if ((G == 1 ||
+		    !direct_ok(G, Cg, KH, KW, N * O * OH * OW, OW, &cv)) &&
+		   c->blas != NULL &&
 		   (acc == KILN_DT_F32 || acc == KILN_DT_F64)) {
-		/* grad_input and grad_weight through BLAS; grad_bias below */
+		/* grad_input and grad_weight through BLAS (a product per
+		 * group where the forward took one); grad_bias below */
 		rc = conv_bw_gemm(n, &cv, x, w, go, mask, acc);
 		if (rc != 0)
 			return rc;

@@ -985,7 +985,7 @@ char *sched_report(cctx_t *c)
 			const cnode_t *n = &c->nodes[k->members[0].node];
 			const convspec_t *cs = n->conv;
 			bool f64 = c->bufs[n->buf].dtype == KILN_DT_F64;
-			int64_t ckk = cs->C * cs->KH * cs->KW;
+			int64_t ckk = cs->C / cs->G * cs->KH * cs->KW;
 			if (cs->implicit) {
 				sb_printf(&s,
 					  "%s: convolution as implicit GEMM, "
@@ -994,6 +994,9 @@ char *sched_report(cctx_t *c)
 					  "from the input, no im2col buffer) ",
 					  k->name, CG_TG_MR, CG_TG_NR);
 				sb_dims(c, &s, n->frank, n->fsizes, 0);
+				if (cs->G > 1)
+					sb_printf(&s, " in %lld groups",
+						  (long long)cs->G);
 				sb_printf(
 				    &s, " K=%lld, buf%u%s  <- node %d %s\n",
 				    (long long)ckk, n->buf,
@@ -1010,8 +1013,9 @@ char *sched_report(cctx_t *c)
 					    "output positions in %lld units "
 					    "of columns (at least %d)\n",
 					    (long long)cols,
-					    (long long)cg_conv_implicit_units(
-						cols),
+					    (long long)(cs->G *
+							cg_conv_implicit_units(
+							    cols)),
 					    CG_CONV_IMPLICIT_MIN_UNITS);
 				continue;
 			}

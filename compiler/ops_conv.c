@@ -850,17 +850,19 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	return lset(n, 0, y);
 }
 
-/* Over a grad_input space [N, C, *, KH, KW, H, W] (vars 0..6): the output
- * position (oh, ow) that tap (kh, kw) of input position (h, w) came from,
+/* Over a grad_input space whose vars vk[0..3] are the tap (kh, kw) and
+ * the input position (h, w) ([N, C, *, KH, KW, H, W]: 3, 4, 5, 6): the
+ * output position (oh, ow) that the tap of the input position came from,
  * oh·sh = h + ph - kh·dh (and w alike), and whether it exists (the
  * division is exact and 0 <= oh < OH, 0 <= ow < OW). */
-static const sx_t *bw_taps(cctx_t *c, const conv_t *cv, int64_t OH, int64_t OW,
-			   const kiln_expr_t **oh, const kiln_expr_t **ow)
+static const sx_t *bw_taps_at(cctx_t *c, const conv_t *cv, int64_t OH,
+			      int64_t OW, const uint32_t vk[4],
+			      const kiln_expr_t **oh, const kiln_expr_t **ow)
 {
-	const kiln_expr_t *th = ix_sub(c, ix_add(c, IV(5), IC(cv->p[0])),
-				       ix_mul(c, IV(3), IC(cv->d[0])));
-	const kiln_expr_t *tw = ix_sub(c, ix_add(c, IV(6), IC(cv->p[1])),
-				       ix_mul(c, IV(4), IC(cv->d[1])));
+	const kiln_expr_t *th = ix_sub(c, ix_add(c, IV(vk[2]), IC(cv->p[0])),
+				       ix_mul(c, IV(vk[0]), IC(cv->d[0])));
+	const kiln_expr_t *tw = ix_sub(c, ix_add(c, IV(vk[3]), IC(cv->p[1])),
+				       ix_mul(c, IV(vk[1]), IC(cv->d[1])));
 	*oh = ix_floordiv(c, th, IC(cv->s[0]));
 	*ow = ix_floordiv(c, tw, IC(cv->s[1]));
 	const sx_t *ok = NULL;
@@ -882,6 +884,13 @@ static const sx_t *bw_taps(cctx_t *c, const conv_t *cv, int64_t OH, int64_t OW,
 		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
 	}
 	return ok;
+}
+
+static const sx_t *bw_taps(cctx_t *c, const conv_t *cv, int64_t OH, int64_t OW,
+			   const kiln_expr_t **oh, const kiln_expr_t **ow)
+{
+	static const uint32_t vk[4] = {3, 4, 5, 6};
+	return bw_taps_at(c, cv, OH, OW, vk, oh, ow);
 }
 
 /* grad_weight as one product over the whole batch (conv_bw_gemm) where
@@ -1230,6 +1239,57 @@ static int bw_weight_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *x,
 	return gw ? lset(n, 1, gw) : -ENOMEM;
 }
 
+/* A depthwise convolution's input gradient (Cg == Og == 1) channels-last,
+ * where the direct form along W is not taken in the forward (rows that
+ * end in scalar lanes, or more than 64 taps): a sum over [N, H, W, KH*,
+ * KW*, C] of the taps that hit each input position, the channels last
+ * and not reduced, so that the row kernel runs them as vectors;
+ * grad_output is made channels-last first and the weights [KH, KW, C]
+ * (a small copy); the result is read as [N, C, H, W] through a view. */
+static int bw_input_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *go,
+				 lt_t *w, const int64_t *dims, kiln_dtype_t acc)
+{
+	cctx_t *c = n->c;
+	int64_t N = dims[0], C = dims[1], H = dims[2], W = dims[3],
+		KH = dims[5], KW = dims[6], OH = dims[7], OW = dims[8];
+	if (!chan_unit(go)) {
+		int rc = lt_realize_nhwc(c, go, (int32_t)n->index, &go);
+		if (rc != 0)
+			return rc;
+	}
+	kiln_dim_t w3[3] = {dim_const(C), dim_const(KH), dim_const(KW)};
+	static const uint32_t khwc[3] = {1, 2, 0};
+	lt_t *wr = lt_reshape(c, w, 3, w3);
+	lt_t *wt = wr ? lt_permute(c, wr, khwc) : NULL;
+	if (wt == NULL)
+		return -ENOMEM;
+	int rc = lt_realize(c, wt, (int32_t)n->index, &wt);
+	if (rc != 0)
+		return rc;
+	/* vars: 0 n, 1 h, 2 w, 3 kh, 4 kw, 5 c */
+	kiln_dim_t fs[6] = {dim_const(N),  dim_const(H),  dim_const(W),
+			    dim_const(KH), dim_const(KW), dim_const(C)};
+	static const uint32_t vk[4] = {3, 4, 1, 2};
+	const kiln_expr_t *oh, *ow;
+	const sx_t *ok = bw_taps_at(c, cv, OH, OW, vk, &oh, &ow);
+	const kiln_expr_t *gi[4] = {IV(0), IV(5), oh, ow};
+	const kiln_expr_t *wi[3] = {IV(3), IV(4), IV(5)};
+	const sx_t *g = sx_guard(c, sx_cast(c, lt_at(c, go, gi), acc), ok);
+	const sx_t *body = sx_where(
+	    c, ok, sx_bin(c, OP_MUL, g, sx_cast(c, lt_at(c, wt, wi), acc)),
+	    sxf(c, 0, acc));
+	lt_t *full = lt_fn(c, acc, 6, fs, body), *r;
+	if (full == NULL)
+		return -ENOMEM;
+	rc = lred(n, full, (1u << 3) | (1u << 4), false, RED_SUM, acc, &r);
+	if (rc != 0)
+		return rc;
+	lt_t *gx = lt_permute(c, r, nhwc_to_nchw);
+	if (gx != NULL && cv->nd == 1)
+		gx = lt_squeeze_dim(c, gx, 2);
+	return gx ? lset(n, 0, gx) : -ENOMEM;
+}
+
 struct clvote {
 	/* loads contiguous along C (var 1) and 16 or more apart along W
 	 * (var 3); loads contiguous along W. Loads that do not move with W
@@ -1341,6 +1401,22 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 			return rc;
 		mask[0] = false;
 		mask[1] = false;
+	}
+	/* depthwise where the forward is not direct along OW and grad_output
+	 * is channels-last (a channels-last model's): grad_input
+	 * channels-last too (7x7 over [8, 384, 7²]: 1.42 -> 0.45 ms the
+	 * backward). Where grad_output is not, making it so (and x for the
+	 * weight gradient) cost what the channels-last sums saved
+	 * (ConvMixer-768/32's backward, 7x7 at 18²: 118 against 127 ms) */
+	bool dw_cl = G > 1 && Cg == 1 && Og == 1 && O >= 16 &&
+		     O % c->vec_width == 0 && chan_unit(go) &&
+		     !direct_ok(G, Cg, KH, KW, N * O * OH * OW, OW, &cv);
+	if (mask[0] && dw_cl) {
+		const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+		rc = bw_input_depthwise_cl(n, &cv, go, w, dims, acc);
+		if (rc != 0)
+			return rc;
+		mask[0] = false;
 	}
 	/* the direct forms read each element of grad_output Cg·KH·KW times
 	 * and each of the input Og·KH·KW times: a computed one (relu6's

@@ -978,6 +978,7 @@ static const opdef_t optab[] = {
     OPS("select_backward.default", select_bw, 0),
     OPS("slice_backward.default", slice_bw, 0),
     OPS("as_strided.default", as_strided, 0),
+    OPS("as_strided_scatter.default", as_strided_scatter, 0),
     OPS("tril.default", tri, 0),
     OPS("triu.default", tri, 1),
     OPS("native_dropout.default", dropout, 0),

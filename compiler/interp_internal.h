@@ -253,7 +253,7 @@ static inline bool ki_same_shape(const it_t *a, const it_t *b)
 	X(batch_norm) X(batch_norm_bw) X(group_norm) X(group_norm_bw) X(view)  \
 	X(permute) X(transpose) X(expand) X(squeeze) X(unsqueeze) X(slice)     \
 	X(select) X(split) X(cat) X(stack) X(alias) X(pad) X(flip) X(roll) X(repeat)   \
-	X(select_bw) X(slice_bw) X(as_strided) X(mm) X(embedding)              \
+	X(select_bw) X(slice_bw) X(as_strided) X(as_strided_scatter) X(mm) X(embedding) \
 	X(embedding_bw) X(index_select) X(gather) X(scatter) X(index)          \
 	X(index_put) X(nll) X(nll_bw) X(mse) X(mse_bw) X(conv) X(conv_bw)      \
 	X(maxpool) X(maxpool_bw) X(avgpool) X(avgpool_bw) X(adaptive)          \

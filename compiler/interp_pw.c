@@ -675,12 +675,13 @@ int kiln__op_convert(ictx_t *c, int code)
 		 * dtype */
 		it_t *src, v;
 		KI_TRY(kiln__i_tensor(c, 1, "src", &src));
-		it_t *ops[2] = {x, src};
-		uint32_t r;
-		int64_t sz[KI_MAXR];
-		KI_TRY(kiln__i_bshape(c, ops, 2, &r, sz));
-		if (r != x->rank ||
-		    memcmp(sz, x->size, r * sizeof(int64_t)) != 0)
+		bool fits = src->rank <= x->rank;
+		for (uint32_t k = 0; fits && k < src->rank; k++) {
+			int64_t s = src->size[k],
+				t = x->size[x->rank - src->rank + k];
+			fits = s == 1 || s == t;
+		}
+		if (!fits)
 			return kiln__i_bad(
 			    c, "src does not broadcast to self's shape");
 		kiln__i_bview(src, x->rank, x->size, &v);

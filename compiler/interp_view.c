@@ -879,6 +879,84 @@ int kiln__op_as_strided(ictx_t *c, int code)
 	return 0;
 }
 
+/* as_strided_scatter(self, src, size, stride, storage_offset=None): a
+ * copy of self (torch's clone: self's strides where they are dense and
+ * do not overlap, else contiguous) whose storage, viewed as (size,
+ * stride, storage_offset), takes src (converted to self's dtype) */
+int kiln__op_as_strided_scatter(ictx_t *c, int code)
+{
+	(void)code;
+	it_t *x, *src;
+	int64_t size[KI_MAXR], st[KI_MAXR], so;
+	int n, ns;
+	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
+	KI_TRY(kiln__i_tensor(c, 1, "src", &src));
+	KI_TRY(kiln__i_ints(c, 2, "size", size, KI_MAXR, &n));
+	KI_TRY(kiln__i_ints(c, 3, "stride", st, KI_MAXR, &ns));
+	KI_TRY(kiln__i_int(c, 4, "storage_offset", 0, &so));
+	if (n < 0 || n != ns)
+		return kiln__i_bad(c,
+				   "size and stride must have the same length");
+	if (src->rank != (uint32_t)n ||
+	    memcmp(src->size, size, (size_t)n * sizeof(int64_t)) != 0)
+		return kiln__i_bad(c, "src must have the view's size");
+	int64_t total = kiln__i_numel(x), hi = so;
+	for (int d = 0; d < n; d++) {
+		int64_t span;
+		if (st[d] < 0)
+			return kiln__i_bad(c, "negative stride");
+		if (size[d] > 0 &&
+		    (__builtin_mul_overflow(size[d] - 1, st[d], &span) ||
+		     __builtin_add_overflow(hi, span, &hi)))
+			return kiln__i_bad(c, "size and stride overflow");
+	}
+	if (so < 0 || (kiln__i_numel(src) > 0 && hi >= total))
+		return kiln__i_bad(c,
+				   "the view reaches outside self's %lld "
+				   "elements",
+				   (long long)total);
+	/* the copy's strides: self's where dense (dims of more than one
+	 * element in decreasing stride, each the product of the sizes
+	 * inside it), else contiguous */
+	uint32_t r = x->rank, ord[KI_MAXR];
+	for (uint32_t d = 0; d < r; d++)
+		ord[d] = d;
+	for (uint32_t a = 1; a < r; a++)
+		for (uint32_t b = a; b > 0 && x->stride[ord[b]] >
+						   x->stride[ord[b - 1]];
+		     b--) {
+			uint32_t t = ord[b];
+			ord[b] = ord[b - 1];
+			ord[b - 1] = t;
+		}
+	bool dense = true;
+	int64_t want = 1;
+	for (uint32_t k = r; k-- > 0;) {
+		uint32_t d = ord[k];
+		if (x->size[d] == 1)
+			continue;
+		dense = dense && x->stride[d] == want;
+		want *= x->size[d];
+	}
+	int64_t ost[KI_MAXR];
+	kiln__i_contig_strides(r, x->size, ost);
+	if (dense)
+		for (uint32_t d = 0; d < r; d++)
+			if (x->size[d] != 1)
+				ost[d] = x->stride[d];
+	it_t *o = &c->out[0];
+	KI_TRY(kiln__i_alloc(c, o, x->dt, r, x->size));
+	memcpy(o->stride, ost, r * sizeof(int64_t));
+	place(o, x, r, 0);
+	it_t v = *o;
+	v.rank = (uint32_t)n;
+	v.off = o->off + so;
+	memcpy(v.size, size, (size_t)n * sizeof(int64_t));
+	memcpy(v.stride, st, (size_t)n * sizeof(int64_t));
+	place(&v, src, (uint32_t)n, 0);
+	return 0;
+}
+
 /* tril / triu(self, diagonal=0) over the last two dims */
 int kiln__op_tri(ictx_t *c, int upper)
 {

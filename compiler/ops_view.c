@@ -1000,6 +1000,153 @@ int low_slice_backward(cctx_t *c, lnode_t *n)
 	    lt_fn(c, dt, rank, sizes, sx_where(c, hit, v, sxf(c, 0, dt))));
 }
 
+/* copy(self, src): src broadcast to self's shape, in self's dtype (what
+ * AOTAutograd's functionalization leaves of an in-place copy_) */
+int low_copy(cctx_t *c, lnode_t *n)
+{
+	lt_t *x, *src;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = ltensor(n, 1, "src", &src);
+	if (rc != 0)
+		return rc;
+	if (src->rank > x->rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "src does not broadcast to self's shape");
+	uint32_t lead = x->rank - src->rank;
+	for (uint32_t k = 0; k < src->rank; k++)
+		if (!dim_is(src->sizes[k], 1) &&
+		    !dim_eq(src->sizes[k], x->sizes[lead + k]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "src does not broadcast to self's shape");
+	lt_t *e = lt_expand(c, src, x->rank, x->sizes);
+	if (e == NULL)
+		return -ENOMEM;
+	if (e->dtype != x->dtype)
+		e = lt_fn(c, x->dtype, x->rank, x->sizes,
+			  sx_cast(c, lt_body(c, e), x->dtype));
+	return e ? lset(n, 0, e) : -ENOMEM;
+}
+
+/* Whether value dv (rank r, static sizes sz) is declared with row-major
+ * contiguous strides, or with none. */
+static bool decl_contiguous(const kiln_value_t *dv, uint32_t r,
+			    const int64_t *sz)
+{
+	if (dv == NULL || !dv->strides_given)
+		return true;
+	int64_t want = 1;
+	for (uint32_t k = r; k-- > 0;) {
+		if (dv->strides[k].e != NULL)
+			return false;
+		if (sz[k] != 1 && dv->strides[k].c != want)
+			return false;
+		want *= sz[k];
+	}
+	return true;
+}
+
+/* as_strided_scatter(self, src, size, stride, storage_offset=None): self
+ * with the elements of a view of its storage replaced by src's. Lowered
+ * where the result is contiguous and the view is a block of it
+ * (AOTAutograd's backward of a view: new_zeros, as_strided, copy, then
+ * this, in ConvNeXt's head): elements [off, off + numel(src)) of the
+ * result in row-major order are src's, the rest self's; a view over the
+ * whole result is src reshaped. Other views are a fallback step. */
+int low_as_strided_scatter(cctx_t *c, lnode_t *n)
+{
+	lt_t *x, *src;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = ltensor(n, 1, "src", &src);
+	if (rc != 0)
+		return rc;
+	int64_t size[CIR_MAX_RANK], st[CIR_MAX_RANK], off;
+	uint32_t ns, nt;
+	rc = lintlist(n, 2, "size", size, &ns, CIR_MAX_RANK);
+	if (rc == 0)
+		rc = lintlist(n, 3, "stride", st, &nt, CIR_MAX_RANK);
+	if (rc == 0)
+		rc = lint(n, 4, "storage_offset", 0, &off);
+	if (rc != 0)
+		return rc;
+	if (ns != nt)
+		return lerr(n, KILN_EINVGRAPH,
+			    "size and stride lengths differ");
+	bool same = src->rank == ns;
+	for (uint32_t k = 0; same && k < ns; k++)
+		same = dim_is(src->sizes[k], size[k]);
+	if (!same)
+		return lerr(n, KILN_EINVGRAPH, "src must have the view's size");
+	int64_t xs[CIR_MAX_RANK], total = 1, numel = 1, hi = off;
+	for (uint32_t k = 0; k < x->rank; k++) {
+		if (x->sizes[k].e != NULL)
+			return lerr(n, KILN_EUNSUPOP,
+				    "as_strided_scatter of a symbolic shape "
+				    "is not lowered");
+		xs[k] = x->sizes[k].c;
+		total *= xs[k];
+	}
+	for (uint32_t k = 0; k < ns; k++) {
+		if (st[k] < 0 || size[k] < 0)
+			return lerr(n, KILN_EINVGRAPH,
+				    "negative size or stride");
+		numel *= size[k];
+		if (size[k] > 0)
+			hi += (size[k] - 1) * st[k];
+	}
+	if (off < 0 || (numel > 0 && hi >= total))
+		return lerr(n, KILN_EINVGRAPH,
+			    "the view reaches outside self's %lld elements",
+			    (long long)total);
+	/* a block: each dim of more than one element strides over the
+	 * elements of the dims inside it */
+	bool block = true;
+	int64_t want = 1;
+	for (uint32_t k = ns; k-- > 0;) {
+		if (size[k] == 1)
+			continue;
+		block = block && st[k] == want;
+		want *= size[k];
+	}
+	if (!block || !decl_contiguous(lout(n, 0), x->rank, xs))
+		return lerr(n, KILN_EUNSUPOP,
+			    "as_strided_scatter is lowered for a view that is "
+			    "a block of a contiguous result");
+	lt_t *sv = src;
+	if (sv->dtype != x->dtype)
+		sv = lt_fn(c, x->dtype, src->rank, src->sizes,
+			   sx_cast(c, lt_body(c, src), x->dtype));
+	if (sv == NULL)
+		return -ENOMEM;
+	if (numel == total)
+		return lset(n, 0, lt_reshape(c, sv, x->rank, x->sizes));
+	/* p: the result's row-major position; src at the row-major position
+	 * p - off of the view's size */
+	const kiln_expr_t *p = ix_const(c, 0);
+	int64_t cs = 1;
+	for (uint32_t k = x->rank; k-- > 0;) {
+		p = ix_add(c, p, ix_mul(c, ix_var(c, k), ix_const(c, cs)));
+		cs *= xs[k];
+	}
+	const kiln_expr_t *q = ix_sub(c, p, ix_const(c, off));
+	const kiln_expr_t *si[CIR_MAX_RANK];
+	int64_t ss = 1;
+	for (uint32_t k = ns; k-- > 0;) {
+		si[k] = ix_mod(c, ix_floordiv(c, q, ix_const(c, ss)),
+			       ix_const(c, size[k] > 0 ? size[k] : 1));
+		ss *= size[k];
+	}
+	const sx_t *pi = sx_index(c, p);
+	const sx_t *in = sx_bin(
+	    c, OP_AND, sx_bin(c, OP_GE, pi, sx_consti(c, off, KILN_DT_I64)),
+	    sx_bin(c, OP_LT, pi, sx_consti(c, off + numel, KILN_DT_I64)));
+	const sx_t *body =
+	    sx_where(c, in, sx_guard(c, lt_at(c, sv, si), in), lt_body(c, x));
+	lt_t *y = lt_fn(c, x->dtype, x->rank, x->sizes, body);
+	return y ? lset(n, 0, y) : -ENOMEM;
+}
+
 int low_as_strided(cctx_t *c, lnode_t *n)
 {
 	lt_t *x;

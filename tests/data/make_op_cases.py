@@ -748,6 +748,18 @@ def build_views():
     case("roll", "flat", lambda x: A.roll.default(x, [7]), U(3, 4))
     case("roll", "int", lambda x: A.roll.default(x, [-9], [1]), I(2, 4))
     case("roll", "empty", lambda x: A.roll.default(x, [1], [0]), U(0, 3))
+    # AOTAutograd's backward of a view (ConvNeXt's head): new_zeros,
+    # as_strided, copy, as_strided_scatter. The compiler lowers a view that
+    # is a block of a contiguous result; the others are fallback steps
+    seed("as_strided_scatter")
+    ASS = A.as_strided_scatter.default
+    case("as_strided_scatter", "whole", lambda x, s: ASS(x, s, [2, 320], [320, 1], 0), U(640), U(2, 320))
+    case("as_strided_scatter", "block_offset", lambda x, s: ASS(x, s, [2, 1, 3], [3, 9, 1], 4), U(3, 4), U(2, 1, 3))
+    case("as_strided_scatter", "f64_src", lambda x, s: ASS(x, s, [4], [1], 2), U(2, 3), U(4, dt=f64))
+    case("as_strided_scatter", "strided", lambda x, s: ASS(x, s, [2, 2], [1, 3], 1), U(2, 3), U(2, 2))
+    case("as_strided_scatter", "t_self", lambda x, s: ASS(x, s, [2, 2], [1, 2], 0), T(U(2, 3)), U(2, 2))
+    case("copy", "broadcast", lambda x, s: A.copy.default(x, s), U(2, 3), U(3))
+    case("copy", "dtype", lambda x, s: A.copy.default(x, s), U(2, 3), I(2, 3))
     case("repeat", "same_rank", lambda x: A.repeat.default(x, [2, 3]), U(2, 2))
     case("repeat", "lead", lambda x: A.repeat.default(x, [2, 1, 2]), T(U(3, 2)))
     case("repeat", "zero", lambda x: A.repeat.default(x, [0, 2]), I(2))
@@ -1224,6 +1236,19 @@ def bad_cases():
            [z23], "invalid_graph", "without dims, shifts must be one shift")
     yield ("roll_dim_range", graph1([f23], [node("aten.roll.default", [R0, [1], [2]], [f23])], [R1]),
            [z23], "invalid_graph", "dim 2 out of range")
+    # as_strided_scatter: src not of the view's size, a view past self's
+    # elements; copy: src that does not broadcast (each also rejected by
+    # the compiler)
+    yield ("as_strided_scatter_src", graph1([f23, spec("f32", [2, 2])],
+                                            [node("aten.as_strided_scatter.default", [R0, R1, [2, 3], [3, 1], 0], [f23])],
+                                            [R2]),
+           [z23, zeros_entry("f32", [2, 2])], "invalid_graph", "src must have the view's size")
+    yield ("as_strided_scatter_outside", graph1([f23, spec("f32", [2, 2])],
+                                                [node("aten.as_strided_scatter.default", [R0, R1, [2, 2], [2, 1], 3], [f23])],
+                                                [R2]),
+           [z23, zeros_entry("f32", [2, 2])], "invalid_graph", "outside self's 6 elements")
+    yield ("copy_broadcast", graph1([f23, f4], [node("aten.copy.default", [R0, R1], [f23])], [R2]),
+           [z23, z4], "invalid_graph", "src does not broadcast to self's shape")
     yield ("view_size", graph1([f23], [node("aten.view.default", [R0, [4, 2]], [spec("f32", [4, 2])])], [R1]),
            [z23], "invalid_graph", "shape [4,2] is invalid for input of shape [2,3]")
     yield ("view_infer", graph1([f23], [node("aten.view.default", [R0, [4, -1]], [spec("f32", [4, 1])])], [R1]),

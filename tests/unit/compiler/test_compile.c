@@ -4831,6 +4831,19 @@ Test(compile, roll_bad_arguments)
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* as_strided_scatter and copy with invalid arguments
+ * (tests/data/bad/as_strided_scatter_*, copy_broadcast): rejected as the
+ * interpreter rejects them. */
+Test(compile, view_scatter_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"as_strided_scatter_src", "src must have the view's size"},
+	    {"as_strided_scatter_outside", "outside self's 6 elements"},
+	    {"copy_broadcast", "src does not broadcast to self's shape"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
 /* A product whose weight is a transposed view (nn.Linear's t()) is
  * timed on inputs laid out as declared; a product whose result feeds
  * one other node keeps the heuristic (that node may become its

@@ -62,6 +62,7 @@ static const pname_t op_files[] = {
     {"argmax"},
     {"argmin"},
     {"as_strided"},
+    {"as_strided_scatter"},
     {"atan2"},
     {"avg_pool2d"},
     {"avg_pool2d_backward"},
@@ -234,9 +235,12 @@ static const pname_t corpus[] = {
 #define N_CORPUS (sizeof(corpus) / sizeof(corpus[0]))
 
 /* tests/data/bad/<name>.msgpack (make_op_cases.py writes them) */
-static const pname_t bad_files[] = {{"broadcast"},
+static const pname_t bad_files[] = {{"as_strided_scatter_outside"},
+				    {"as_strided_scatter_src"},
+				    {"broadcast"},
 				    {"cat_shapes"},
 				    {"conv_channels"},
+				    {"copy_broadcast"},
 				    {"dtype_bitwise_float"},
 				    {"dtype_gelu_int"},
 				    {"dtype_mean_int"},

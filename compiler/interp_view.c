@@ -922,9 +922,8 @@ int kiln__op_as_strided_scatter(ictx_t *c, int code)
 	for (uint32_t d = 0; d < r; d++)
 		ord[d] = d;
 	for (uint32_t a = 1; a < r; a++)
-		for (uint32_t b = a; b > 0 && x->stride[ord[b]] >
-						   x->stride[ord[b - 1]];
-		     b--) {
+		for (uint32_t b = a;
+		     b > 0 && x->stride[ord[b]] > x->stride[ord[b - 1]]; b--) {
 			uint32_t t = ord[b];
 			ord[b] = ord[b - 1];
 			ord[b - 1] = t;

@@ -221,6 +221,8 @@ _TRAIN_F64 = {"mobilenet_v2", "resnet18"}
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_five_training_steps_match_eager(name, opt_name):
+    import kiln.backend as kb
+    kb.reset()
     model, args = MODELS[name]()
     if name in _TRAIN_F64:
         model, args = model.double(), _f64(args)
@@ -242,6 +244,10 @@ def test_five_training_steps_match_eager(name, opt_name):
             # noise-driven +-lr steps shift: checked loosely for AdamW
             _close(b, c, r, 1e-4, 1e-5 if opt_name == "sgd" else 0.05, bn)
     _no_fallback()
+    # every step of the training graphs is a kernel (ConvNeXt's backward
+    # had its head's as_strided_scatter and copy as torch steps)
+    steps = sorted({op for r in kb.records() for op in (r.get("fallback_ops") or [])})
+    assert not steps, steps
 
 
 class _GPT2Cached(nn.Module):
@@ -348,6 +354,44 @@ def test_nearest_upsampling_runs_in_kiln_and_trains_like_eager(monkeypatch):
     for r in fw:
         assert not r["fallback_ops"], r
     assert took and all(took), took
+    _no_fallback()
+
+
+class _GroupNet(nn.Module):
+    """RegNet's and ConvMixer's convolutions in small: a 3x3 in 2 groups of
+    16 channels (a product per group), a 7x7 depthwise over 9² (rows of
+    an odd number of columns: channels-last), a 1x1, a pooled head."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(32, 32, 3, padding=1, groups=2)
+        self.dw = nn.Conv2d(32, 32, 7, padding=3, groups=32)
+        self.pw = nn.Conv2d(32, 16, 1)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        h = self.pw(nn.functional.gelu(self.dw(torch.relu(self.a(x)))))
+        return self.head(h.mean((2, 3)))
+
+
+def test_grouped_and_depthwise_convolutions_train_like_eager():
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    model = _GroupNet()
+    args = (_x(12, 4, 32, 9, 9),)
+    ref = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double()
+    eager = _train(ref, args, "sgd", 3, compiled=False)
+    want = _train(exact, _f64(args), "sgd", 3, compiled=False)
+    ours = _train(model, args, "sgd", 3, compiled=True)
+    _close(ours, eager, want, 1e-4, 1e-6, "losses")
+    for (pn, p), q, r in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
+        _close(p, q, r, 1e-4, 1e-5, pn)
+    recs = [r for r in kb.records() if r["kind"] in ("forward", "backward")]
+    assert {r["kind"] for r in recs} == {"forward", "backward"}, kb.records()
+    for r in recs:  # every convolution and its gradients ran as kernels
+        assert not r["fallback_ops"], r
     _no_fallback()
 
 

@@ -22,8 +22,11 @@ vit (timm vit_small_patch16_224, batch 8), resnet50 (torchvision, batch 8
 at 128²), convnext (timm convnext_nano, batch 8 at 128²), t5 (T5, 2 + 2
 layers of 256, 4 x 64), swin (timm swin_tiny_patch4_window7_224, batch 2),
 unet (a diffusion model's UNet in small, width 64, batch 8 at 64²: GroupNorm,
-SiLU, attention over 32² positions, nearest upsampling; MSE loss). Training is forward, loss, backward and an SGD
-step; inference runs under torch.no_grad().
+SiLU, attention over 32² positions, nearest upsampling; MSE loss), regnet
+(timm regnety_008, batch 8 at 128²: 3x3 convolutions in groups of 16
+channels, squeeze-excitation), convmixer (timm convmixer_768_32, batch 1
+at 128²: 7x7 depthwise convolutions over 18²). Training is forward, loss,
+backward and an SGD step; inference runs under torch.no_grad().
 """
 import argparse
 import copy
@@ -97,6 +100,12 @@ def build(name, train):
                               num_classes=100, drop_path_rate=0.0)
         x = torch.randn(2, 3, 224, 224)
         return m, (lambda f: f(x).logsumexp(1).mean() if train else f(x))
+    if name in ("regnet", "convmixer"):
+        import timm
+        arch, b = ("regnety_008", 8) if name == "regnet" else ("convmixer_768_32", 1)
+        m = timm.create_model(arch, pretrained=False, num_classes=100)
+        x = torch.randn(b, 3, 128, 128)
+        return m, (lambda f: f(x).logsumexp(1).mean() if train else f(x))
     if name == "unet":
         m = _unet()
         x, tgt = torch.randn(8, 3, 64, 64), torch.randn(8, 3, 64, 64)
@@ -155,7 +164,8 @@ def _unet(c=64):
     return UNet()
 
 
-MODELS = ["gpt2", "llama", "bert", "vit", "resnet50", "convnext", "t5", "swin", "unet"]
+MODELS = ["gpt2", "llama", "bert", "vit", "resnet50", "convnext", "t5", "swin", "unet", "regnet",
+          "convmixer"]
 
 
 def stepper(base, call, backend, train):

@@ -1796,12 +1796,14 @@ static void conv_args_s1(gb_t *b, int64_t pad, int64_t groups)
 	msgpack_pack_int64(&b->pk, groups);
 }
 
-/* x [2, C, H, H] * w [C, C/G, K, K], padding K/2, G groups, no bias */
-static kiln_graph_t *grouped_conv_graph(int64_t C, int64_t H, int64_t K,
-					int64_t G)
+/* x [2, C, H, H] * w [C, C/G, K, K], stride S, padding K/2, G groups, no
+ * bias (K odd, H a multiple of S) */
+static kiln_graph_t *grouped_conv_graph_s(int64_t C, int64_t H, int64_t K,
+					  int64_t G, int64_t S)
 {
 	gb_t b;
-	const int64_t x4[4] = {2, C, H, H}, w4[4] = {C, C / G, K, K};
+	const int64_t x4[4] = {2, C, H, H}, w4[4] = {C, C / G, K, K},
+		      y4[4] = {2, C, H / S, H / S};
 	gb_init(&b);
 	graph_head(&b, 2);
 	specn(&b, "f32", x4, 4);
@@ -1812,11 +1814,24 @@ static kiln_graph_t *grouped_conv_graph(int64_t C, int64_t H, int64_t K,
 	ref(&b, 0);
 	ref(&b, 1);
 	msgpack_pack_nil(&b.pk);
-	conv_args_s1(&b, K / 2, G);
+	const int64_t st[2] = {S, S}, p2[2] = {K / 2, K / 2}, one[2] = {1, 1},
+		      zero[2] = {0, 0};
+	ints2(&b, st);
+	ints2(&b, p2);
+	ints2(&b, one);
+	msgpack_pack_false(&b.pk);
+	ints2(&b, zero);
+	msgpack_pack_int64(&b.pk, G);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
-	specn(&b, "f32", x4, 4);
+	specn(&b, "f32", y4, 4);
 	return end_graph(&b, 2, 1, "grouped conv");
+}
+
+static kiln_graph_t *grouped_conv_graph(int64_t C, int64_t H, int64_t K,
+					int64_t G)
+{
+	return grouped_conv_graph_s(C, H, K, G, 1);
 }
 
 /* Grouped convolutions of 33-64 taps take the direct form where the
@@ -1905,20 +1920,25 @@ Test(conv, grouped_convolutions_are_a_product_per_group)
 	kiln_compiler_t *kc = new_compiler();
 	kiln_compiler_t *k8 = avx2_compiler();
 	bool wide = __builtin_cpu_supports("avx512f");
+	/* implicit GEMM's packing loads a vector's lanes where they are
+	 * consecutive in x (a row of 16 columns, at strides 1 and 2; rows of
+	 * 8 running on at stride 1), else gathers them (rows of 6) */
 	static const struct {
-		int64_t C, H, G;
+		int64_t C, H, G, S;
 		const char *wide, *narrow; /* in the report, 16 and 8 lanes */
-	} cs[] = {{32, 16, 2, "in 2 groups K=144", "[2, 16, 512] K=[144]"},
-		  {32, 6, 4, "in 4 groups K=72", "[4, 8, 72] K=[72]"},
-		  {32, 6, 2, "[2, 16, 72] K=[144]", "[2, 16, 72] K=[144]"}};
+	} cs[] = {{32, 16, 2, 1, "in 2 groups K=144", "[2, 16, 512] K=[144]"},
+		  {32, 32, 2, 2, "in 2 groups K=144", "[2, 16, 512] K=[144]"},
+		  {64, 8, 4, 1, "in 4 groups K=144", "[4, 16, 128] K=[144]"},
+		  {32, 6, 4, 1, "in 4 groups K=72", "[4, 8, 72] K=[72]"},
+		  {32, 6, 2, 1, "[2, 16, 72] K=[144]", "[2, 16, 72] K=[144]"}};
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		kiln_graph_t *g =
-		    grouped_conv_graph(cs[i].C, cs[i].H, 3, cs[i].G);
+		    grouped_conv_graph_s(cs[i].C, cs[i].H, 3, cs[i].G, cs[i].S);
 		char what[96];
 		snprintf(what, sizeof(what),
-			 "3x3 conv, %lld groups of %lld, %lld²",
-			 (long long)cs[i].G, (long long)(cs[i].C / cs[i].G),
-			 (long long)cs[i].H);
+			 "3x3 conv, stride %lld, %lld groups of %lld, %lld²",
+			 (long long)cs[i].S, (long long)cs[i].G,
+			 (long long)(cs[i].C / cs[i].G), (long long)cs[i].H);
 		if (wide)
 			expect_report_has(kc, g, cs[i].wide, true, what);
 		if (k8 != NULL)

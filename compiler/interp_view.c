@@ -837,6 +837,25 @@ int kiln__op_slice_bw(ictx_t *c, int code)
 	return 0;
 }
 
+/* The storage offset of the last element of the view (size, st, so) of
+ * n dims (so where it has none), or an error for a negative stride or an
+ * overflow. */
+static int view_last(ictx_t *c, int n, const int64_t *size, const int64_t *st,
+		     int64_t so, int64_t *hi)
+{
+	*hi = so;
+	for (int d = 0; d < n; d++) {
+		int64_t span;
+		if (st[d] < 0)
+			return kiln__i_bad(c, "negative stride");
+		if (size[d] > 0 &&
+		    (__builtin_mul_overflow(size[d] - 1, st[d], &span) ||
+		     __builtin_add_overflow(*hi, span, hi)))
+			return kiln__i_bad(c, "size and stride overflow");
+	}
+	return 0;
+}
+
 /* as_strided(self, size, stride, storage_offset=None): a view of self's
  * storage (offsets are absolute in it, as in torch) */
 int kiln__op_as_strided(ictx_t *c, int code)
@@ -852,18 +871,10 @@ int kiln__op_as_strided(ictx_t *c, int code)
 	if (n < 0 || n != ns)
 		return kiln__i_bad(c,
 				   "size and stride must have the same length");
-	int64_t hi = so, numel;
+	int64_t hi, numel;
 	KI_TRY(kiln__i_check_numel(c, (uint32_t)n, size));
 	numel = kiln__i_numel_of((uint32_t)n, size);
-	for (int d = 0; d < n; d++) {
-		int64_t span;
-		if (st[d] < 0)
-			return kiln__i_bad(c, "negative stride");
-		if (size[d] > 0 &&
-		    (__builtin_mul_overflow(size[d] - 1, st[d], &span) ||
-		     __builtin_add_overflow(hi, span, &hi)))
-			return kiln__i_bad(c, "size and stride overflow");
-	}
+	KI_TRY(view_last(c, n, size, st, so, &hi));
 	if (so < 0 || (numel > 0 && hi >= x->buf->n))
 		return kiln__i_bad(
 		    c,
@@ -900,16 +911,8 @@ int kiln__op_as_strided_scatter(ictx_t *c, int code)
 	if (src->rank != (uint32_t)n ||
 	    memcmp(src->size, size, (size_t)n * sizeof(int64_t)) != 0)
 		return kiln__i_bad(c, "src must have the view's size");
-	int64_t total = kiln__i_numel(x), hi = so;
-	for (int d = 0; d < n; d++) {
-		int64_t span;
-		if (st[d] < 0)
-			return kiln__i_bad(c, "negative stride");
-		if (size[d] > 0 &&
-		    (__builtin_mul_overflow(size[d] - 1, st[d], &span) ||
-		     __builtin_add_overflow(hi, span, &hi)))
-			return kiln__i_bad(c, "size and stride overflow");
-	}
+	int64_t total = kiln__i_numel(x), hi;
+	KI_TRY(view_last(c, n, size, st, so, &hi));
 	if (so < 0 || (kiln__i_numel(src) > 0 && hi >= total))
 		return kiln__i_bad(c,
 				   "the view reaches outside self's %lld "

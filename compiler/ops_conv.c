@@ -1060,37 +1060,32 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 		if (wt == NULL)
 			return -ENOMEM;
 		lt_t *gcol; /* [N, CKK, OHW] */
-		if (G > 1) {
-			/* per group g: gcol[g] [Cg·KH·KW, N·OHW] = W[g]ᵀ
-			 * (Cg·KH·KW x Og) @ go2[g] (Og x N·OHW); the groups'
-			 * rows stack into [CKK, N·OHW] */
-			kiln_dim_t wg[3] = {dim_const(G), dim_const(O / G),
-					    dim_const(CKKg)};
-			kiln_dim_t gg[3] = {dim_const(G), dim_const(O / G),
-					    dim_const(N * OH * OW)};
-			const uint32_t t3[3] = {0, 2, 1};
-			lt_t *w3 = lt_reshape(c, wb, 3, wg);
-			lt_t *wt3 = w3 ? lt_permute(c, w3, t3) : NULL;
-			lt_t *g3 = lt_reshape(c, go2, 3, gg), *p;
-			if (wt3 == NULL || g3 == NULL)
-				return -ENOMEM;
-			rc = lgemm(n, wt3, g3, acc, &p);
-			if (rc != 0)
-				return rc;
-			kiln_dim_t c3[3] = {dim_const(CKK), dim_const(N),
-					    dim_const(OH * OW)};
-			const uint32_t n3[3] = {1, 0, 2};
-			lt_t *p3 = lt_reshape(c, p, 3, c3);
-			gcol = p3 ? lt_permute(c, p3, n3) : NULL;
-			if (gcol == NULL)
-				return -ENOMEM;
-		} else if (small) {
-			/* gcol2 [CKK, N·OHW] = Wᵀ @ go2, read as [N, CKK,
-			 * OHW]: one product of N·OHW columns packs Wᵀ once
+		if (G > 1 || small) {
+			/* g2 [CKK, N·OHW] = Wᵀ @ go2, read as [N, CKK, OHW]:
+			 * one product of N·OHW columns packs Wᵀ once
 			 * (ConvNeXt-nano's 640 -> 2560 at 4², batch 8: 8
-			 * products of 16 columns took 5.5 ms) */
+			 * products of 16 columns took 5.5 ms); with groups,
+			 * per group g: g2[g] [Cg·KH·KW, N·OHW] = W[g]ᵀ
+			 * (Cg·KH·KW x Og) @ go2[g] (Og x N·OHW), the groups'
+			 * rows stacked */
 			lt_t *g2;
-			rc = lgemm(n, wt, go2, acc, &g2);
+			if (G > 1) {
+				kiln_dim_t wg[3] = {dim_const(G),
+						    dim_const(O / G),
+						    dim_const(CKKg)};
+				kiln_dim_t gg[3] = {dim_const(G),
+						    dim_const(O / G),
+						    dim_const(N * OH * OW)};
+				const uint32_t t3[3] = {0, 2, 1};
+				lt_t *w3 = lt_reshape(c, wb, 3, wg);
+				lt_t *wt3 = w3 ? lt_permute(c, w3, t3) : NULL;
+				lt_t *g3 = lt_reshape(c, go2, 3, gg);
+				if (wt3 == NULL || g3 == NULL)
+					return -ENOMEM;
+				rc = lgemm(n, wt3, g3, acc, &g2);
+			} else {
+				rc = lgemm(n, wt, go2, acc, &g2);
+			}
 			if (rc != 0)
 				return rc;
 			kiln_dim_t c3[3] = {dim_const(CKK), dim_const(N),

@@ -536,6 +536,21 @@ static int conv_1x1_nhwc(lnode_t *n, lt_t *x, lt_t *w, kiln_dtype_t acc,
 	return *y ? 0 : -ENOMEM;
 }
 
+/* A depthwise convolution's weights [C, 1, KH, KW] as [KH, KW, C] (a
+ * small copy): along C, w[c, 0, kh, kw] is KH·KW elements apart. */
+static int dw_weight_khwc(lnode_t *n, lt_t *w, int64_t C, int64_t KH,
+			  int64_t KW, lt_t **wt)
+{
+	cctx_t *c = n->c;
+	kiln_dim_t w3[3] = {dim_const(C), dim_const(KH), dim_const(KW)};
+	static const uint32_t khwc[3] = {1, 2, 0};
+	lt_t *wr = lt_reshape(c, w, 3, w3);
+	lt_t *p = wr ? lt_permute(c, wr, khwc) : NULL;
+	if (p == NULL)
+		return -ENOMEM;
+	return lt_realize(c, p, (int32_t)n->index, wt);
+}
+
 /* A depthwise convolution (Cg == Og == 1) in channels-last order, where
  * the graph wants its output channels-last: a sum over [N, OH, OW, KH*,
  * KW*, O] of the taps, the channels last and not reduced, so the row
@@ -559,15 +574,8 @@ static int conv_depthwise_nhwc(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 			    dim_const(KH), dim_const(KW), dim_const(O)};
 	const kiln_expr_t *ih = win_pos(c, cv, 0, 1, 3);
 	const kiln_expr_t *iw = win_pos(c, cv, 1, 2, 4);
-	/* the weights as [KH, KW, O] (a small copy): along O, w[o, 0, kh,
-	 * kw] is KH·KW elements apart */
-	kiln_dim_t w3[3] = {dim_const(O), dim_const(KH), dim_const(KW)};
-	static const uint32_t khwo[3] = {1, 2, 0};
-	lt_t *wr = lt_reshape(c, w, 3, w3);
-	lt_t *wt = wr ? lt_permute(c, wr, khwo) : NULL;
-	if (wt == NULL)
-		return -ENOMEM;
-	int rc = lt_realize(c, wt, (int32_t)n->index, &wt);
+	lt_t *wt;
+	int rc = dw_weight_khwc(n, w, O, KH, KW, &wt);
 	if (rc != 0)
 		return rc;
 	const kiln_expr_t *wi[3] = {IV(3), IV(4), IV(5)};
@@ -1252,13 +1260,8 @@ static int bw_input_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *go,
 		if (rc != 0)
 			return rc;
 	}
-	kiln_dim_t w3[3] = {dim_const(C), dim_const(KH), dim_const(KW)};
-	static const uint32_t khwc[3] = {1, 2, 0};
-	lt_t *wr = lt_reshape(c, w, 3, w3);
-	lt_t *wt = wr ? lt_permute(c, wr, khwc) : NULL;
-	if (wt == NULL)
-		return -ENOMEM;
-	int rc = lt_realize(c, wt, (int32_t)n->index, &wt);
+	lt_t *wt;
+	int rc = dw_weight_khwc(n, w, C, KH, KW, &wt);
 	if (rc != 0)
 		return rc;
 	/* vars: 0 n, 1 h, 2 w, 3 kh, 4 kw, 5 c */

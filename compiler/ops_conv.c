@@ -30,7 +30,7 @@
  *   grouped past the direct form: a product per group, W[g] [Og, Cg·KH·KW]
  *     @ col[g] [Cg·KH·KW, N·OH·OW], the batch in its columns: implicit GEMM
  *     per group (f32 on AVX-512, at least 8 rows a group), else the batched
- *     im2col (conv_grouped).
+ *     im2col (conv_cols).
  * Backward (output_mask decides which), groups == 1 or grouped past the
  * direct form (a product per group, the batch in its columns) and a BLAS
  * (conv_bw_gemm; also for small Cg·KH·KW such as 1x1 convolutions of few
@@ -364,41 +364,67 @@ static lt_t *rows_nchw(cctx_t *c, lt_t *o2, int64_t N, int64_t H, int64_t W,
 	return y4 ? lt_permute(c, y4, nhwc_to_nchw) : NULL;
 }
 
-/* A grouped convolution (G > 1) that is not direct: a product per group
- * with the batch in its columns. col[(c, kh, kw), (n, oh, ow)] (the
- * batched im2col) is [G, Cg·KH·KW, N·OH·OW] and W [O, Cg, KH, KW] is [G,
- * Og, Cg·KH·KW] as it lies, so out[G, Og, N·OH·OW] = W[g] @ col[g] is
- * [O, N·OH·OW], read as [N, O, OH, OW] (cols_nchw). This had been a
- * product per image and group, of OH·OW columns, over W copied once per
- * image: RegNetY's groups of 16 channels at 4², batch 4, were 192
- * products of 16 columns. */
-static int conv_grouped(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
-			kiln_dtype_t acc, const int64_t *dims, lt_t **y)
+/* t [G·rows, cols] as the product operand of G groups: [G, rows, cols]
+ * (a view) where G > 1, else t itself; NULL when out of memory. */
+static lt_t *per_group(cctx_t *c, lt_t *t, int64_t G)
+{
+	if (t == NULL || G == 1)
+		return t;
+	kiln_dim_t g3[3] = {dim_const(G), dim_const(t->sizes[0].c / G),
+			    t->sizes[1]};
+	return lt_reshape(c, t, 3, g3);
+}
+
+/* The batched im2col col[(c, kh, kw), (n, oh, ow)] of x (dims {N, C, H,
+ * W, O, KH, KW, OH, OW}), realized, as the product operand [C·KH·KW,
+ * N·OH·OW], per group [G, Cg·KH·KW, N·OH·OW] where G > 1. */
+static int batch_cols(lnode_t *n, lt_t *x, const conv_t *cv, kiln_dtype_t acc,
+		      const int64_t *dims, lt_t **col)
+{
+	cctx_t *c = n->c;
+	int64_t N = dims[0], C = dims[1], KH = dims[5], KW = dims[6],
+		OH = dims[7], OW = dims[8];
+	kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
+			    dim_const(N), dim_const(OH), dim_const(OW)};
+	lt_t *t;
+	int rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &t);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t c2[2] = {dim_const(C * KH * KW), dim_const(N * OH * OW)};
+	*col = per_group(c, lt_reshape(c, t, 2, c2), cv->groups);
+	return *col ? 0 : -ENOMEM;
+}
+
+/* A convolution of a batch of small images (groups == 1), or a grouped
+ * one that is not direct: a product per group with the batch in its
+ * columns, W[g] [Og, Cg·KH·KW] @ col[g] [Cg·KH·KW, N·OH·OW] (batch_cols;
+ * W read as it lies), whose result [O, N·OH·OW] is read as [N, O, OH, OW]
+ * (cols_nchw). A grouped one had been a product per image and group, of
+ * OH·OW columns, over W copied once per image: RegNetY's groups of 16
+ * channels at 4², batch 4, were 192 products of 16 columns. */
+static int conv_cols(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
+		     kiln_dtype_t acc, const int64_t *dims, lt_t **y)
 {
 	cctx_t *c = n->c;
 	int64_t N = dims[0], C = dims[1], O = dims[4], KH = dims[5],
 		KW = dims[6], OH = dims[7], OW = dims[8], G = cv->groups;
-	int64_t NP = N * OH * OW, CKKg = C / G * KH * KW;
-	kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
-			    dim_const(N), dim_const(OH), dim_const(OW)};
 	lt_t *col;
-	int rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &col);
+	int rc = batch_cols(n, x, cv, acc, dims, &col);
 	if (rc != 0)
 		return rc;
 	lt_t *wa = w;
 	if (wa->dtype != acc)
 		wa = lt_fn(c, acc, 4, w->sizes, sx_cast(c, lt_body(c, w), acc));
-	kiln_dim_t c3[3] = {dim_const(G), dim_const(CKKg), dim_const(NP)};
-	kiln_dim_t w3[3] = {dim_const(G), dim_const(O / G), dim_const(CKKg)};
-	lt_t *col3 = lt_reshape(c, col, 3, c3);
-	lt_t *wv = wa ? lt_reshape(c, wa, 3, w3) : NULL, *o3;
-	if (col3 == NULL || wv == NULL)
+	kiln_dim_t w2[2] = {dim_const(O), dim_const(C / G * KH * KW)};
+	lt_t *wv = per_group(c, wa ? lt_reshape(c, wa, 2, w2) : NULL, G), *p;
+	if (wv == NULL)
 		return -ENOMEM;
-	rc = lgemm(n, wv, col3, acc, &o3);
+	rc = lgemm(n, wv, col, acc, &p);
 	if (rc != 0)
 		return rc;
-	kiln_dim_t o2[2] = {dim_const(O), dim_const(NP)};
-	lt_t *p = lt_reshape(c, o3, 2, o2);
+	kiln_dim_t o2[2] = {dim_const(O), dim_const(N * OH * OW)};
+	if (G > 1)
+		p = lt_reshape(c, p, 2, o2);
 	*y = p ? cols_nchw(c, p, N, O, OH, OW) : NULL;
 	return *y ? 0 : -ENOMEM;
 }
@@ -749,29 +775,9 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		 * kw), (n, oh, ow)], and one product W[O, CKK] @ col gives
 		 * [O, N, OH, OW], read back as [N, O, OH, OW] through a view
 		 * (OH·OW stays the contiguous inner run) */
-		kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
-				    dim_const(N), dim_const(OH), dim_const(OW)};
-		lt_t *col;
-		rc = im2col(n, x, &cv, acc, cs, IV(3), IV(0), 1, 2, &col);
+		rc = conv_cols(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
-		kiln_dim_t c2[2] = {dim_const(CKK), dim_const(N * OH * OW)};
-		lt_t *col2 = lt_reshape(c, col, 2, c2);
-		lt_t *wa = w;
-		if (wa->dtype != acc)
-			wa = lt_fn(c, acc, 4, w->sizes,
-				   sx_cast(c, lt_body(c, w), acc));
-		kiln_dim_t w2[2] = {dim_const(O), dim_const(CKK)};
-		lt_t *wv = wa ? lt_reshape(c, wa, 2, w2) : NULL;
-		if (wv == NULL || col2 == NULL)
-			return -ENOMEM;
-		lt_t *o2;
-		rc = lgemm(n, wv, col2, acc, &o2);
-		if (rc != 0)
-			return rc;
-		y = cols_nchw(c, o2, N, O, OH, OW);
-		if (y == NULL)
-			return -ENOMEM;
 	} else if (one) {
 		/* 1x1, stride 1, no padding: the input is its own im2col,
 		 * out[n] = W[O, C] @ x[n] viewed as [C, H·W] */
@@ -808,7 +814,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		if (rc != 0)
 			return rc;
 	} else if (G > 1) {
-		rc = conv_grouped(n, x, w, &cv, acc, dims, &y);
+		rc = conv_cols(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
 	} else {
@@ -917,37 +923,26 @@ static int bw_weight_one(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *go2,
 			 kiln_dtype_t acc, lt_t **gw)
 {
 	cctx_t *c = n->c;
-	int64_t P = go2->sizes[1].c / N, O = go2->sizes[0].c;
-	int64_t C = x->sizes[1].c, OH = P / OW, G = cv->groups;
-	int64_t CKKg = C / G * KH * KW;
-	kiln_dim_t cs[6] = {dim_const(C), dim_const(KH), dim_const(KW),
-			    dim_const(N), dim_const(OH), dim_const(OW)};
+	int64_t P = go2->sizes[1].c / N, O = go2->sizes[0].c, G = cv->groups;
+	const int64_t dims[9] = {
+	    N, x->sizes[1].c, x->sizes[2].c, x->sizes[3].c, O, KH, KW, P / OW,
+	    OW};
 	lt_t *col;
-	int rc = im2col(n, x, cv, acc, cs, IV(3), IV(0), 1, 2, &col);
+	int rc = batch_cols(n, x, cv, acc, dims, &col);
 	if (rc != 0)
 		return rc;
-	if (G == 1) {
-		kiln_dim_t k2[2] = {dim_const(C * KH * KW), dim_const(N * P)};
-		lt_t *colk = lt_reshape(c, col, 2, k2);
-		const uint32_t t2[2] = {1, 0};
-		lt_t *colt = colk ? lt_permute(c, colk, t2) : NULL;
-		if (colt == NULL)
-			return -ENOMEM;
-		return lgemm(n, go2, colt, acc, gw);
-	}
-	/* per group g: gO2[g] (Og x N·OHW) @ col[g]^T (N·OHW x Cg·KH·KW) */
-	kiln_dim_t k3[3] = {dim_const(G), dim_const(CKKg), dim_const(N * P)};
-	kiln_dim_t g3[3] = {dim_const(G), dim_const(O / G), dim_const(N * P)};
-	const uint32_t t3[3] = {0, 2, 1};
-	lt_t *colk = lt_reshape(c, col, 3, k3);
-	lt_t *colt = colk ? lt_permute(c, colk, t3) : NULL;
-	lt_t *gg = lt_reshape(c, go2, 3, g3), *p;
+	/* per group g: gO2[g] (Og x N·OHW) @ col[g]ᵀ (N·OHW x Cg·KH·KW) */
+	static const uint32_t t2[2] = {1, 0}, t3[3] = {0, 2, 1};
+	lt_t *colt = lt_permute(c, col, G > 1 ? t3 : t2);
+	lt_t *gg = per_group(c, go2, G), *p;
 	if (colt == NULL || gg == NULL)
 		return -ENOMEM;
 	rc = lgemm(n, gg, colt, acc, &p);
-	if (rc != 0)
+	if (rc != 0 || G == 1) {
+		*gw = p;
 		return rc;
-	kiln_dim_t w2[2] = {dim_const(O), dim_const(CKKg)};
+	}
+	kiln_dim_t w2[2] = {dim_const(O), dim_const(col->sizes[1].c)};
 	*gw = lt_reshape(c, p, 2, w2);
 	return *gw ? 0 : -ENOMEM;
 }

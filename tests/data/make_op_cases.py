@@ -970,7 +970,7 @@ def build_nn():
          U(3, 5, 9, 8), U(7, 5, 3, 3), U(7))
     case(op, "batch_cols_f64", lambda x, w: conv(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), U(2, 5, 4, 4, dt=f64), U(3, 5, 3, 3, dt=f64))
     # grouped, Cg·KH·KW > 64: a product per group with the batch in its
-    # columns (ops_conv.c conv_grouped), or where there are units enough,
+    # columns (ops_conv.c conv_cols), or where there are units enough,
     # implicit GEMM per group (f32 on AVX-512: 2 groups of 8 rows over 448
     # columns, dilated along W); their backward as products per group
     case(op, "groups_gemm_stride", lambda x, w, b: conv(x, w, b, [2, 1], [1, 1], [1, 1], False, [0, 0], 2),

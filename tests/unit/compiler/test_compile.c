@@ -1910,7 +1910,7 @@ Test(conv, depthwise_convolutions_past_the_direct_form_run_channels_last)
  * group (ops_conv.c): implicit GEMM per group where it has the units and
  * each group a register tile's rows (f32 on AVX-512: "in G groups"),
  * else one product per group whose columns are the whole batch,
- * [G, Og, N·OH·OW] (conv_grouped). Before, each image and group was a
+ * [G, Og, N·OH·OW] (conv_cols). Before, each image and group was a
  * product of its own over a copy of W per image, and the im2col a kernel
  * of its own: RegNetY-800MF's inference 13.3 -> 8.8 ms. Against the
  * interpreter on 16 and 8 lanes, the input against an inaccessible page

@@ -577,45 +577,182 @@ static int dw_weight_khwc(lnode_t *n, lt_t *w, int64_t C, int64_t KH,
 	return lt_realize(c, p, (int32_t)n->index, wt);
 }
 
+/* The channels a channels-last depthwise sum reads the windows of at
+ * once, in bytes: past this (49 taps of 768 channels are 150 KiB), the
+ * channels are taken in blocks. */
+#define DW_BLOCK_BYTES (32 << 10)
+
+/* The channel block CB of a channels-last depthwise sum over C channels:
+ * all of them where the window of every channel (taps·C elements) fits
+ * DW_BLOCK_BYTES, else 64 channels (4 vectors) or fewer where that
+ * divides C; C where no multiple of the vector width does. */
+static int64_t dw_chan_block(int64_t C, int64_t taps, int64_t esz, int64_t vw)
+{
+	if (taps * C * esz <= DW_BLOCK_BYTES)
+		return C;
+	for (int64_t cb = 4 * vw; cb >= vw; cb /= 2)
+		if (C % cb == 0 && cb < C)
+			return cb;
+	return C;
+}
+
+/* src [N, C, H, W] copied to [C/CB, N, H, W, CB]: channels-last in
+ * blocks of CB channels, each block's positions together. A computed src
+ * that is not channels-last is written as it is first: the copy reads it
+ * a gather a vector, which would otherwise compute each lane apart. */
+static int dw_blocked(lnode_t *n, lt_t *src, int64_t CB, lt_t **out)
+{
+	cctx_t *c = n->c;
+	if (!src->is_buf && !chan_unit(src)) {
+		int rc = lt_realize(c, src, (int32_t)n->index, &src);
+		if (rc != 0)
+			return rc;
+	}
+	const kiln_dim_t bs[5] = {dim_const(src->sizes[1].c / CB),
+				  src->sizes[0], src->sizes[2], src->sizes[3],
+				  dim_const(CB)};
+	const kiln_expr_t *si[4] = {
+	    IV(1), ix_add(c, ix_mul(c, IV(0), IC(CB)), IV(4)), IV(2), IV(3)};
+	lt_t *sb = lt_fn(c, src->dtype, 5, bs, lt_at(c, src, si));
+	if (sb == NULL)
+		return -ENOMEM;
+	return lt_realize(c, sb, (int32_t)n->index, out);
+}
+
+/* A depthwise sum over the taps, channels-last: y[n, c, yh, yw] = Σ
+ * src[n, c, sh, sw]·w[c, 0, kh, kw] over (kh, kw) where ok holds; sh,
+ * sw and ok are expressions of the vars 1 n, 2 yh, 3 yw, 4 kh, 5 kw of the
+ * sum's space [OB, N, YH, YW, KH*, KW*, CB], whose channels c = ob·CB + cb
+ * come in blocks of CB outermost (dw_chan_block), so that a block's
+ * weights and the windows its next outputs read stay in L1. With one
+ * block that is the channels-last order, src is made channels-last where
+ * it is not and w is [KH, KW, C]. With more, src and w are copied to
+ * [OB, N, SH, SW, CB] and [OB, KH, KW, CB] first: read in place, the
+ * taps of a window lie C elements apart, which maps them onto a quarter
+ * of L1's sets at 768 channels (7x7 at 18², 768 channels: 0.33 -> 0.11
+ * ms). The sum is written as a dense [N, YH, YW, C] buffer, read as [N,
+ * C, YH, YW]. */
+static int dw_cl_sum(lnode_t *n, lt_t *src, lt_t *w, kiln_dtype_t acc,
+		     int64_t YH, int64_t YW, int64_t KH, int64_t KW,
+		     const kiln_expr_t *sh, const kiln_expr_t *sw,
+		     const sx_t *ok, lt_t **blk, lt_t **y)
+{
+	cctx_t *c = n->c;
+	int64_t N = src->sizes[0].c, C = src->sizes[1].c;
+	int64_t CB = dw_chan_block(C, KH * KW,
+				   (int64_t)kiln_dtype_size(src->dtype),
+				   c->vec_width),
+		OB = C / CB;
+	const kiln_expr_t *ch =
+	    OB == 1 ? IV(6) : ix_add(c, ix_mul(c, IV(0), IC(CB)), IV(6));
+	const sx_t *sv, *wv;
+	lt_t *wt;
+	int rc;
+	if (OB == 1) {
+		if (!chan_unit(src)) {
+			rc = lt_realize_nhwc(c, src, (int32_t)n->index, &src);
+			if (rc != 0)
+				return rc;
+		}
+		rc = dw_weight_khwc(n, w, C, KH, KW, &wt);
+		if (rc != 0)
+			return rc;
+		const kiln_expr_t *si[4] = {IV(1), ch, sh, sw};
+		const kiln_expr_t *wi[3] = {IV(4), IV(5), ch};
+		sv = lt_at(c, src, si);
+		wv = lt_at(c, wt, wi);
+	} else {
+		const kiln_dim_t ws[4] = {dim_const(OB), dim_const(KH),
+					  dim_const(KW), dim_const(CB)};
+		const kiln_expr_t *wi[4] = {
+		    ix_add(c, ix_mul(c, IV(0), IC(CB)), IV(3)), IC(0), IV(1),
+		    IV(2)};
+		lt_t *sb = blk != NULL ? *blk : NULL;
+		if (sb == NULL) {
+			rc = dw_blocked(n, src, CB, &sb);
+			if (rc != 0)
+				return rc;
+			if (blk != NULL)
+				*blk = sb;
+		}
+		lt_t *wb = lt_fn(c, w->dtype, 4, ws, lt_at(c, w, wi));
+		if (wb == NULL)
+			return -ENOMEM;
+		rc = lt_realize(c, wb, (int32_t)n->index, &wt);
+		if (rc != 0)
+			return rc;
+		const kiln_expr_t *bi[5] = {IV(0), IV(1), sh, sw, IV(6)};
+		const kiln_expr_t *bw[4] = {IV(0), IV(4), IV(5), IV(6)};
+		sv = lt_at(c, sb, bi);
+		wv = lt_at(c, wt, bw);
+	}
+	const sx_t *body =
+	    sx_bin(c, OP_MUL, sx_cast(c, sx_guard(c, sv, ok), acc),
+		   sx_cast(c, wv, acc));
+	body = sx_where(c, ok, body, sxf(c, 0, acc));
+	const kiln_dim_t fs[7] = {dim_const(OB), dim_const(N),	dim_const(YH),
+				  dim_const(YW), dim_const(KH), dim_const(KW),
+				  dim_const(CB)};
+	/* one block: the space without its leading dim */
+	uint32_t b1 = OB == 1 ? 1 : 0;
+	if (b1) {
+		const kiln_expr_t *drop[7] = {IC(0), IV(0), IV(1), IV(2),
+					      IV(3), IV(4), IV(5)};
+		body = sx_subst(c, body, drop, 7);
+	}
+	lt_t *full = lt_fn(c, acc, 7 - b1, fs + b1, body), *r;
+	if (full == NULL)
+		return -ENOMEM;
+	rc = lred(n, full, (3u << 4) >> b1, false, RED_SUM, acc, &r);
+	if (rc != 0)
+		return rc;
+	if (b1) {
+		*y = lt_permute(c, r, nhwc_to_nchw);
+		return *y ? 0 : -ENOMEM;
+	}
+	/* r [OB, N, YH, YW, CB] laid out as [N, YH, YW, C] */
+	const int64_t st[5] = {CB, YH * YW * C, YW * C, C, 1};
+	cbuf_t *b = &c->bufs[r->buf];
+	for (int k = 0; k < 5; k++)
+		b->strides[k] = dim_const(st[k]);
+	b->custom_strides = true;
+	lt_t *v = lt_buf(c, r->buf);
+	if (v == NULL)
+		return -ENOMEM;
+	const int64_t vs[4] = {N, YH, YW, C};
+	v->rank = 4;
+	for (int k = 0; k < 4; k++) {
+		v->sizes[k] = dim_const(vs[k]);
+		v->strides[k] = dim_const(st[k + 1]);
+	}
+	*y = lt_permute(c, v, nhwc_to_nchw);
+	return *y ? 0 : -ENOMEM;
+}
+
 /* A depthwise convolution (Cg == Og == 1) in channels-last order, where
- * the graph wants its output channels-last: a sum over [N, OH, OW, KH*,
- * KW*, O] of the taps, the channels last and not reduced, so the row
- * kernel runs 16 channels a vector and reads x (made channels-last first
- * where it is a lazy value) and w contiguously; the result [N, OH, OW, O]
- * is read as [N, O, OH, OW] through a view. The direct form along OW
- * would read a channels-last x C elements apart (a gather a vector). */
+ * the graph wants its output channels-last, or where the direct form is
+ * not taken: a sum over the taps with the channels last and not reduced
+ * (dw_cl_sum), so the row kernel runs 16 channels a vector and reads x
+ * and w contiguously. The direct form along OW would read a
+ * channels-last x C elements apart (a gather a vector). */
 static int conv_depthwise_nhwc(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 			       kiln_dtype_t acc, const int64_t *dims, lt_t **y)
 {
 	cctx_t *c = n->c;
-	int64_t N = dims[0], O = dims[4], KH = dims[5], KW = dims[6],
-		OH = dims[7], OW = dims[8];
-	if (!chan_unit(x)) {
-		int rc = lt_realize_nhwc(c, x, (int32_t)n->index, &x);
-		if (rc != 0)
-			return rc;
+	const kiln_expr_t *pos[2] = {win_pos(c, cv, 0, 2, 4),
+				     win_pos(c, cv, 1, 3, 5)};
+	const sx_t *ok = NULL;
+	for (int k = 0; k < 2; k++) {
+		const sx_t *v = sx_index(c, pos[k]);
+		const sx_t *in =
+		    sx_bin(c, OP_AND,
+			   sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+			   sx_bin(c, OP_LT, v,
+				  sx_consti(c, dims[2 + k], KILN_DT_I64)));
+		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
 	}
-	/* vars: 0 n, 1 oh, 2 ow, 3 kh, 4 kw, 5 o */
-	kiln_dim_t fs[6] = {dim_const(N),  dim_const(OH), dim_const(OW),
-			    dim_const(KH), dim_const(KW), dim_const(O)};
-	const kiln_expr_t *ih = win_pos(c, cv, 0, 1, 3);
-	const kiln_expr_t *iw = win_pos(c, cv, 1, 2, 4);
-	lt_t *wt;
-	int rc = dw_weight_khwc(n, w, O, KH, KW, &wt);
-	if (rc != 0)
-		return rc;
-	const kiln_expr_t *wi[3] = {IV(3), IV(4), IV(5)};
-	const sx_t *body =
-	    sx_bin(c, OP_MUL, sx_cast(c, xin(c, x, IV(0), IV(5), ih, iw), acc),
-		   sx_cast(c, lt_at(c, wt, wi), acc));
-	lt_t *full = lt_fn(c, acc, 6, fs, body), *r;
-	if (full == NULL)
-		return -ENOMEM;
-	rc = lred(n, full, (1u << 3) | (1u << 4), false, RED_SUM, acc, &r);
-	if (rc != 0)
-		return rc;
-	*y = lt_permute(c, r, nhwc_to_nchw);
-	return *y ? 0 : -ENOMEM;
+	return dw_cl_sum(n, x, w, acc, dims[7], dims[8], dims[5], dims[6],
+			 pos[0], pos[1], ok, NULL, y);
 }
 
 /* Whether a convolution takes the direct form (a reduction over cg, kh,
@@ -1239,48 +1376,94 @@ static int bw_weight_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *x,
 
 /* A depthwise convolution's input gradient (Cg == Og == 1) channels-last,
  * where the direct form along W is not taken in the forward (rows that
- * end in scalar lanes, or more than 64 taps): a sum over [N, H, W, KH*,
- * KW*, C] of the taps that hit each input position, the channels last
- * and not reduced, so that the row kernel runs them as vectors;
- * grad_output is made channels-last first and the weights [KH, KW, C]
- * (a small copy); the result is read as [N, C, H, W] through a view. */
+ * end in scalar lanes, or more than 64 taps): a sum (dw_cl_sum) over [N,
+ * H, W, KH*, KW*, C] of the taps that hit each input position, the
+ * channels last and not reduced, so that the row kernel runs them as
+ * vectors; grad_output is made channels-last first, in channel blocks
+ * where the sum takes them (gob: the copy, which the weight gradient
+ * shares); the result is read as [N, C, H, W] through a view. */
 static int bw_input_depthwise_cl(lnode_t *n, const conv_t *cv, lt_t *go,
-				 lt_t *w, const int64_t *dims, kiln_dtype_t acc)
+				 lt_t *w, const int64_t *dims, kiln_dtype_t acc,
+				 lt_t **gob)
 {
 	cctx_t *c = n->c;
-	int64_t N = dims[0], C = dims[1], H = dims[2], W = dims[3],
-		KH = dims[5], KW = dims[6], OH = dims[7], OW = dims[8];
-	if (!chan_unit(go)) {
-		int rc = lt_realize_nhwc(c, go, (int32_t)n->index, &go);
+	int64_t H = dims[2], W = dims[3], KH = dims[5], KW = dims[6],
+		OH = dims[7], OW = dims[8];
+	static const uint32_t vk[4] = {4, 5, 2, 3};
+	const kiln_expr_t *oh, *ow;
+	const sx_t *ok = bw_taps_at(c, cv, OH, OW, vk, &oh, &ow);
+	lt_t *gx;
+	int rc = dw_cl_sum(n, go, w, acc, H, W, KH, KW, oh, ow, ok, gob, &gx);
+	if (rc != 0)
+		return rc;
+	if (cv->nd == 1)
+		gx = lt_squeeze_dim(c, gx, 2);
+	return gx ? lset(n, 0, gx) : -ENOMEM;
+}
+
+/* A depthwise convolution's weight gradient where its channels come in
+ * blocks (dw_chan_block: 7x7 over 768 channels): a sum over [OB, KH, KW,
+ * N*, OH*, OW*, CB] of grad_output and x copied to blocks (dw_blocked;
+ * grad_output's copy is the input gradient's, gob), each unit a tap of
+ * one block, its CB channels the vectors. The direct form runs along OW,
+ * whose rows of 18 end in scalar lanes at 18² (ConvMixer-768/32: 0.80 ->
+ * 0.2 ms a layer). */
+static int bw_weight_depthwise_blocked(lnode_t *n, const conv_t *cv, lt_t *x,
+				       lt_t *go, const int64_t *dims,
+				       int64_t CB, kiln_dtype_t acc, lt_t **gob)
+{
+	cctx_t *c = n->c;
+	int64_t N = dims[0], H = dims[2], W = dims[3], O = dims[4],
+		KH = dims[5], KW = dims[6], OH = dims[7], OW = dims[8],
+		OB = O / CB;
+	int rc;
+	lt_t *xb;
+	if (*gob == NULL) {
+		rc = dw_blocked(n, go, CB, gob);
 		if (rc != 0)
 			return rc;
 	}
-	lt_t *wt;
-	int rc = dw_weight_khwc(n, w, C, KH, KW, &wt);
+	rc = dw_blocked(n, x, CB, &xb);
 	if (rc != 0)
 		return rc;
-	/* vars: 0 n, 1 h, 2 w, 3 kh, 4 kw, 5 c */
-	kiln_dim_t fs[6] = {dim_const(N),  dim_const(H),  dim_const(W),
-			    dim_const(KH), dim_const(KW), dim_const(C)};
-	static const uint32_t vk[4] = {3, 4, 1, 2};
-	const kiln_expr_t *oh, *ow;
-	const sx_t *ok = bw_taps_at(c, cv, OH, OW, vk, &oh, &ow);
-	const kiln_expr_t *gi[4] = {IV(0), IV(5), oh, ow};
-	const kiln_expr_t *wi[3] = {IV(3), IV(4), IV(5)};
-	const sx_t *g = sx_guard(c, sx_cast(c, lt_at(c, go, gi), acc), ok);
+	/* vars: 0 ob, 1 kh, 2 kw, 3 n, 4 oh, 5 ow, 6 cb */
+	const kiln_dim_t fs[7] = {dim_const(OB), dim_const(KH), dim_const(KW),
+				  dim_const(N),	 dim_const(OH), dim_const(OW),
+				  dim_const(CB)};
+	const kiln_expr_t *pos[2] = {win_pos(c, cv, 0, 4, 1),
+				     win_pos(c, cv, 1, 5, 2)};
+	const sx_t *ok = NULL;
+	const int64_t lim[2] = {H, W};
+	for (int k = 0; k < 2; k++) {
+		const sx_t *v = sx_index(c, pos[k]);
+		const sx_t *in = sx_bin(
+		    c, OP_AND,
+		    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+		    sx_bin(c, OP_LT, v, sx_consti(c, lim[k], KILN_DT_I64)));
+		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
+	}
+	const kiln_expr_t *gi[5] = {IV(0), IV(3), IV(4), IV(5), IV(6)};
+	const kiln_expr_t *xi[5] = {IV(0), IV(3), pos[0], pos[1], IV(6)};
+	const sx_t *xv = sx_guard(c, sx_cast(c, lt_at(c, xb, xi), acc), ok);
 	const sx_t *body = sx_where(
-	    c, ok, sx_bin(c, OP_MUL, g, sx_cast(c, lt_at(c, wt, wi), acc)),
+	    c, ok, sx_bin(c, OP_MUL, sx_cast(c, lt_at(c, *gob, gi), acc), xv),
 	    sxf(c, 0, acc));
-	lt_t *full = lt_fn(c, acc, 6, fs, body), *r;
+	lt_t *full = lt_fn(c, acc, 7, fs, body), *r;
 	if (full == NULL)
 		return -ENOMEM;
-	rc = lred(n, full, (1u << 3) | (1u << 4), false, RED_SUM, acc, &r);
+	rc = lred(n, full, (1u << 3) | (1u << 4) | (1u << 5), false, RED_SUM,
+		  acc, &r);
 	if (rc != 0)
 		return rc;
-	lt_t *gx = lt_permute(c, r, nhwc_to_nchw);
-	if (gx != NULL && cv->nd == 1)
-		gx = lt_squeeze_dim(c, gx, 2);
-	return gx ? lset(n, 0, gx) : -ENOMEM;
+	/* r [OB, KH, KW, CB] -> [O, 1, KH, KW] */
+	static const uint32_t obkk[4] = {0, 3, 1, 2};
+	const kiln_dim_t w4[4] = {dim_const(O), dim_const(1), dim_const(KH),
+				  dim_const(KW)};
+	lt_t *gw = lt_permute(c, r, obkk);
+	gw = gw ? lt_reshape(c, gw, 4, w4) : NULL;
+	if (gw != NULL && cv->nd == 1)
+		gw = lt_squeeze_dim(c, gw, 2);
+	return gw ? lset(n, 1, gw) : -ENOMEM;
 }
 
 struct clvote {
@@ -1396,20 +1579,37 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		mask[1] = false;
 	}
 	/* depthwise where the forward is not direct along OW and grad_output
-	 * is channels-last (a channels-last model's): grad_input
-	 * channels-last too (7x7 over [8, 384, 7²]: 1.42 -> 0.45 ms the
-	 * backward). Where grad_output is not, making it so (and x for the
-	 * weight gradient) cost what the channels-last sums saved
-	 * (ConvMixer-768/32's backward, 7x7 at 18²: 118 against 127 ms) */
+	 * is channels-last (a channels-last model's), or the sums take
+	 * channel blocks (dw_chan_block): grad_input channels-last too (7x7
+	 * over [8, 384, 7²]: 1.42 -> 0.45 ms the backward), and where x is
+	 * contiguous and the channels come in blocks the weight gradient as
+	 * well (ConvMixer-768/32's backward, 7x7 at 18² over 768 channels:
+	 * 117 -> 96 ms; the two of a layer 1.37 -> 0.52 ms). Where grad_output
+	 * is contiguous and the channels fit one block, copying it and x
+	 * channels-last cost what the sums saved (ConvMixer's backward before
+	 * the blocks: 118 against 127 ms) */
+	int64_t dw_cb =
+	    G > 1 && Cg == 1 && Og == 1
+		? dw_chan_block(O, KH * KW, (int64_t)kiln_dtype_size(go->dtype),
+				c->vec_width)
+		: O;
 	bool dw_cl = G > 1 && Cg == 1 && Og == 1 && O >= 16 &&
-		     O % c->vec_width == 0 && chan_unit(go) &&
+		     O % c->vec_width == 0 && (chan_unit(go) || dw_cb < O) &&
 		     !direct_ok(G, Cg, KH, KW, N * O * OH * OW, OW, &cv);
+	const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+	lt_t *gob = NULL; /* grad_output in channel blocks, once */
 	if (mask[0] && dw_cl) {
-		const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
-		rc = bw_input_depthwise_cl(n, &cv, go, w, dims, acc);
+		rc = bw_input_depthwise_cl(n, &cv, go, w, dims, acc, &gob);
 		if (rc != 0)
 			return rc;
 		mask[0] = false;
+	}
+	if (mask[1] && n->n->n_out > 1 && dw_cl && dw_cb < O && !chan_unit(x)) {
+		rc = bw_weight_depthwise_blocked(n, &cv, x, go, dims, dw_cb,
+						 acc, &gob);
+		if (rc != 0)
+			return rc;
+		mask[1] = false;
 	}
 	/* the direct forms read each element of grad_output Cg·KH·KW times
 	 * and each of the input Og·KH·KW times: a computed one (relu6's

@@ -1906,6 +1906,89 @@ Test(conv, depthwise_convolutions_past_the_direct_form_run_channels_last)
 	kiln_compiler_free(kc);
 }
 
+static kiln_graph_t *grouped_conv_bw_graph(int64_t C, int64_t H, int64_t G,
+					   int64_t K);
+
+/* The channel block of a channels-last depthwise sum over C channels that
+ * takes blocks (ops_conv.c dw_chan_block): 4 vectors, or fewer where that
+ * divides C. */
+static int64_t dw_block(int64_t C, int lanes)
+{
+	for (int64_t cb = 4 * lanes; cb >= lanes; cb /= 2)
+		if (C % cb == 0)
+			return cb;
+	return C;
+}
+
+/* A channels-last depthwise sum whose window over every channel passes 32
+ * KiB (taps·C·4 bytes: 49 taps of 192 channels) takes the channels in
+ * blocks of 4 vectors, or fewer where that divides C, outermost
+ * (ops_conv.c dw_cl_sum): x and w are copied to [C/CB, N, H, W, CB] and
+ * [C/CB, KH, KW, CB] first, so that a block's window stays in L1 (read in
+ * place, the taps lie C elements apart and crowd a quarter of L1's sets at
+ * 768 channels: ConvMixer-768/32's 7x7 at 18² 0.33 -> 0.11 ms). The
+ * backward takes the same blocks for the input and the weight gradient
+ * with grad_output and x contiguous (ConvMixer's backward 117 -> 96 ms),
+ * and the copies run as kernels of their own: as row members of a sum
+ * (their shape matches its rows) they would cost it its column blocks
+ * (sched.c try_join). Under 32 KiB (49 taps of 96 channels) one block is
+ * the channels-last order. All outputs against the interpreter on 16 and 8
+ * lanes. */
+Test(conv, depthwise_sums_over_many_channels_run_in_channel_blocks)
+{
+	kiln_compiler_t *kc = new_compiler();
+	int lanes = __builtin_cpu_supports("avx512f") ? 16 : 8;
+	static const struct {
+		int64_t C, H, K, S;
+	} fw[] = {{192, 10, 7, 1}, {176, 9, 7, 1}, {192, 12, 9, 2}};
+	for (size_t i = 0; i < sizeof(fw) / sizeof(fw[0]); i++) {
+		int64_t C = fw[i].C, H = fw[i].H, K = fw[i].K, S = fw[i].S,
+			CB = dw_block(C, lanes), OH = H / S;
+		kiln_graph_t *g = grouped_conv_graph_s(C, H, K, C, S);
+		char what[96], dims[80];
+		snprintf(what, sizeof(what),
+			 "%lldx%lld depthwise, stride %lld, %lld channels, "
+			 "%lld²",
+			 (long long)K, (long long)K, (long long)S, (long long)C,
+			 (long long)H);
+		snprintf(dims, sizeof(dims),
+			 "row kernel [%lld, 2, %lld, %lld, %lld*, %lld*, %lld]",
+			 (long long)(C / CB), (long long)OH, (long long)OH,
+			 (long long)K, (long long)K, (long long)CB);
+		expect_report_has(kc, g, dims, true, what);
+		match_everywhere(kc, g, 160 + i, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_graph_t *g = grouped_conv_graph(96, 10, 7, 96);
+	expect_report_has(kc, g, "row kernel [2, 10, 10, 7*, 7*, 96]", true,
+			  "7x7 depthwise, 96 channels");
+	kiln_graph_free(g);
+	static const int64_t bw[][2] = {{192, 10}, {176, 9}};
+	for (size_t i = 0; i < sizeof(bw) / sizeof(bw[0]); i++) {
+		int64_t C = bw[i][0], H = bw[i][1], CB = dw_block(C, lanes);
+		g = grouped_conv_bw_graph(C, H, C, 7);
+		char what[96], gi[96], gw[96];
+		snprintf(what, sizeof(what),
+			 "7x7 depthwise backward, %lld channels at %lld²",
+			 (long long)C, (long long)H);
+		const char *blocks =
+		    CB == 64 ? ", 1 pass, 4 blocks of 16 columns a unit" : "";
+		snprintf(gi, sizeof(gi),
+			 "row kernel [%lld, 2, %lld, %lld, 7*, 7*, %lld]%s",
+			 (long long)(C / CB), (long long)H, (long long)H,
+			 (long long)CB, blocks);
+		snprintf(gw, sizeof(gw),
+			 "row kernel [%lld, 7, 7, 2*, %lld*, %lld*, %lld]%s",
+			 (long long)(C / CB), (long long)H, (long long)H,
+			 (long long)CB, blocks);
+		expect_report_has(kc, g, gi, true, what);
+		expect_report_has(kc, g, gw, true, what);
+		match_everywhere(kc, g, 170 + i, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* Grouped convolutions past the direct form's taps are a product per
  * group (ops_conv.c): implicit GEMM per group where it has the units and
  * each group a register tile's rows (f32 on AVX-512: "in G groups"),

@@ -283,6 +283,7 @@ typedef struct cctx {
 	bool nhwc;
 	const char *blas; /* path of the BLAS library kernels call, or NULL */
 	bool blas_avx512; /* ... whose products run AVX-512 kernels */
+	int64_t tmpl_block_a; /* tests: the template's blocked bound, or 0 */
 	int64_t hint_default;
 } cctx_t;
 

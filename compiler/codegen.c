@@ -3209,9 +3209,17 @@ static int gemm_forced(cctx_t *c, int32_t node)
  * K x 32 floats on the stack, 512 KiB). Panel vs blocked, run back to back:
  * 512^3 (1 MiB) 0.684 vs 0.699 ms, 4096x64x3136 (1 MiB) 4.56 vs 5.02,
  * linear 512x768x768 (1.5 MiB) 1.60 vs 1.68, 128x1152x784 (576 KiB) 1.02
- * vs 1.11; against BLAS in each run, 1024^3 (4 MiB) 0.95-0.98 of its
- * time blocked vs 1.04 in panels, 512x3072x768 (6 MiB) 0.85-0.94 vs 0.96. */
-#define TG_BLOCK_A (2 << 20)
+ * vs 1.11. The bound was 2 MiB, from an older host, where against BLAS in
+ * each run 1024^3 (4 MiB) took 0.95-0.98 of its time blocked vs 1.04 in
+ * panels; on the Zen 5 host (32 MiB of L3; `kilnc --run --bench`, 2
+ * threads, medians of two alternations) panels were as fast or faster up
+ * to 8 MiB: 768x768x324 (ConvMixer's 1x1 convolutions, 2.25 MiB) 0.91 ->
+ * 0.89 ms, 1024x768x2304 (GPT-2's attention input at 1024 tokens, 3 MiB)
+ * 9.7 -> 7.6, 1024^3 4.36 -> 4.11, 1536x1024x1024 (6 MiB) 6.68 -> 6.28,
+ * 2048x768x3072 20.7 -> 19.5, 2048x1024x512 (8 MiB) 4.42 -> 4.15,
+ * 512x3072x768 5.1 either way. Past TG_A_MAX the products are BLAS's or
+ * blocked. */
+#define TG_BLOCK_A (8 << 20)
 /* ... and, by the heuristic, a row-major B only with at least this many
  * rows: with fewer, BLAS packs B more cheaply for them (ResNet-18's
  * batch-1 whole-image products, 128x1152x784, 256x2304x196, 128x576x784:
@@ -3367,25 +3375,26 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 		    "template or faster)";
 	else
 		form = 2;
-	if (form == 2 && (K > TG_PANEL_K || M * K * 4 > TG_BLOCK_A)) {
+	int64_t block_a = c->tmpl_block_a > 0 ? c->tmpl_block_a : TG_BLOCK_A;
+	if (form == 2 && (K > TG_PANEL_K || M * K * 4 > block_a)) {
 		form = 3;
 		if (f < 0 && !c->blas_avx512)
 			w = "template blocked, A and B packed: at least 2^21 "
-			    "multiply-adds and 32 columns, A over 2 MiB or K "
+			    "multiply-adds and 32 columns, A over 8 MiB or K "
 			    "over 4096 (BLAS runs pre-AVX-512 kernels)";
 		else if (f < 0)
 			w = "template blocked, A and B packed: mm/bmm/addmm/"
 			    "baddbmm, at least 2^21 multiply-adds and 32 "
-			    "columns, B transposed or 512 rows and more, A "
-			    "over 2 MiB (at most 8 MiB) or K over 4096";
+			    "columns, B transposed or 512 rows and more, A at "
+			    "most 8 MiB, K over 4096";
 	} else if (form == 2 && f < 0 && !c->blas_avx512) {
 		w = "template packing B a panel at a time: at least 2^21 "
-		    "multiply-adds and 32 columns, A at most 2 MiB, K at most "
+		    "multiply-adds and 32 columns, A at most 8 MiB, K at most "
 		    "4096 (BLAS runs pre-AVX-512 kernels)";
 	} else if (form == 2 && f < 0) {
 		w = "template packing B a panel at a time: mm/bmm/addmm/"
 		    "baddbmm, at least 2^21 multiply-adds and 32 columns, B "
-		    "transposed or 512 rows and more, A at most 2 MiB, K at "
+		    "transposed or 512 rows and more, A at most 8 MiB, K at "
 		    "most 4096";
 	}
 	if (why != NULL)

@@ -35,6 +35,7 @@ struct kiln_compiler {
 	bool blas_avx512; /* its products run AVX-512 kernels (probe_blas) */
 	const char *blas_kind;	 /* the fingerprint's blas/: probe_blas */
 	kiln_tune_cache_t *tune; /* max-autotune's decisions (autotune.c) */
+	int64_t tmpl_block_a;	 /* tests: the template's blocked bound */
 };
 
 /* Whether the OpenBLAS core `name` (openblas_get_corename) runs AVX-512
@@ -134,10 +135,13 @@ static void set_fingerprint(kiln_compiler_t *c)
 {
 	unsigned maj, min, pat;
 	LLVMGetVersion(&maj, &min, &pat);
-	snprintf(c->fingerprint, sizeof(c->fingerprint),
-		 "kiln/%s llvm/%u.%u.%u build/%s blas/%s math/%s",
-		 KILN_VERSION_STRING, maj, min, pat, KILN_BUILD_ID,
-		 c->blas_kind, c->cpu.libmvec[0] ? "libmvec" : "poly");
+	int n = snprintf(c->fingerprint, sizeof(c->fingerprint),
+			 "kiln/%s llvm/%u.%u.%u build/%s blas/%s math/%s",
+			 KILN_VERSION_STRING, maj, min, pat, KILN_BUILD_ID,
+			 c->blas_kind, c->cpu.libmvec[0] ? "libmvec" : "poly");
+	if (c->tmpl_block_a > 0 && n > 0 && (size_t)n < sizeof(c->fingerprint))
+		snprintf(c->fingerprint + n, sizeof(c->fingerprint) - (size_t)n,
+			 " tblock/%lld", (long long)c->tmpl_block_a);
 }
 
 int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
@@ -180,6 +184,12 @@ void kiln__compiler_set_blas_avx512(kiln_compiler_t *c, bool avx512)
 		return;
 	c->blas_avx512 = avx512;
 	c->blas_kind = avx512 ? "openblas-avx512" : "openblas-pre-avx512";
+	set_fingerprint(c);
+}
+
+void kiln__compiler_set_tmpl_block_a(kiln_compiler_t *c, int64_t bytes)
+{
+	c->tmpl_block_a = bytes > 0 ? bytes : 0;
 	set_fingerprint(c);
 }
 
@@ -803,6 +813,7 @@ static void cctx_init(cctx_t *c, kiln_compiler_t *kc, const kiln_graph_t *g,
 	c->hint_default = 64;
 	c->blas = kc->blas[0] ? kc->blas : NULL;
 	c->blas_avx512 = kc->blas_avx512;
+	c->tmpl_block_a = kc->tmpl_block_a;
 }
 
 static void cctx_free(cctx_t *c)

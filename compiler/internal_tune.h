@@ -37,4 +37,10 @@ int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
  * there is no BLAS. */
 void kiln__compiler_set_blas_avx512(kiln_compiler_t *c, bool avx512);
 
+/* Sets the bytes of A (per batch) past which the GEMM template blocks a
+ * packed product rather than packing B a panel at a time (codegen.c
+ * TG_BLOCK_A; 0 restores it), and the fingerprint with it. For tests, which
+ * run the blocked form on products small enough for the interpreter. */
+void kiln__compiler_set_tmpl_block_a(kiln_compiler_t *c, int64_t bytes);
+
 #endif

@@ -1079,6 +1079,11 @@ static void expect_matches_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
  * as [B, N, K] and transposed when bt: a weight as linear has it, packed
  * 16 k at a time by loads and transposes in registers, a tail of k by
  * gathers); relu becomes the product's epilogue. */
+/* The template's blocked bound in gemm_template_matches_the_interpreter:
+ * 2 MiB of A, so that products the interpreter checks quickly run blocked
+ * (kiln__compiler_set_tmpl_block_a; the default is 8 MiB). */
+#define TMPL_TEST_BLOCK_A (2 << 20)
+
 static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 			  int64_t N, bool at, bool bt)
 {
@@ -1138,7 +1143,8 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 	}
 	bool crowds = 4096 / gs < 64 && 2 * K / (4096 / gs) > 8;
 	bool packed = bt || K * N * 4 > 256 * 1024 || crowds, epi = N < 512;
-	bool blocked = K > 4096 || M * K * 4 > (2 << 20);
+	/* the test's compiler blocks from 2 MiB of A (TMPL_TEST_BLOCK_A) */
+	bool blocked = K > 4096 || M * K * 4 > TMPL_TEST_BLOCK_A;
 	const char *form = !packed    ? "register tiles)"
 			   : !blocked ? "register tiles, B packed a panel at "
 					"a time)"
@@ -1170,7 +1176,9 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
  * a batch of 3, a
  * row-major B of 1.1 MiB (masked loads, 512 rows and more), its last panel's
  * tail zero-filled, and both forms of B in column blocks (few row blocks).
- * Blocked (A over 2 MiB): K of 1100 (blocks of 512, 512 and 76, the later ones
+ * Blocked (A over 2 MiB, the bound this test sets; 8 MiB by default, where
+ * a product of 3 MiB packs B a panel at a time): K of 1100 (blocks of 512,
+ * 512 and 76, the later ones
  * adding to C) with a transposed B and 77 columns, 520 rows (A's blocks of 64
  * rows, a last one of 8) and 515 (a last micro-panel of 3 rows, repeating its
  * last one while later K blocks add to C); a transposed A (gathered) with a
@@ -1178,6 +1186,14 @@ static void check_tmpl_mm(kiln_compiler_t *kc, int64_t B, int64_t M, int64_t K,
 Test(fusion, gemm_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
+	if (__builtin_cpu_supports("avx512f")) {
+		/* by default, 3 MiB of A packs B a panel at a time */
+		char *rep = mm_report(kc, 1024, 768, 512);
+		cr_expect(strstr(rep, "B packed a panel at a time") != NULL,
+			  "%s", rep);
+		free(rep);
+	}
+	kiln__compiler_set_tmpl_block_a(kc, TMPL_TEST_BLOCK_A);
 	check_tmpl_mm(kc, 1, 150, 200, 77, true, false);
 	check_tmpl_mm(kc, 1, 70, 300, 100, false, false);
 	check_tmpl_mm(kc, 3, 45, 100, 500, false, false);

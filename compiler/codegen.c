@@ -3217,9 +3217,15 @@ static int gemm_forced(cctx_t *c, int32_t node)
  * 0.89 ms, 1024x768x2304 (GPT-2's attention input at 1024 tokens, 3 MiB)
  * 9.7 -> 7.6, 1024^3 4.36 -> 4.11, 1536x1024x1024 (6 MiB) 6.68 -> 6.28,
  * 2048x768x3072 20.7 -> 19.5, 2048x1024x512 (8 MiB) 4.42 -> 4.15,
- * 512x3072x768 5.1 either way. Past TG_A_MAX the products are BLAS's or
- * blocked. */
+ * 512x3072x768 5.1 either way. Past 8 MiB (where BLAS runs older
+ * kernels, so that these stay the template's), panels still won with K
+ * under 4096: 1024x3072x768 (12 MiB) 10.3 -> 9.65, 4096x768x768 10.6 ->
+ * 9.4, 2048x2048x1024 18.6 -> 16.9, 8192x1024x1024 (32 MiB) 39.3 -> 35.4;
+ * with K of 4096 blocks did: 4096x4096x512 38.6 against 46.3,
+ * 2048x4096x256 9.2 against 9.5 (512x4096x1024, 8 MiB: panels 9.0
+ * against 9.6). */
 #define TG_BLOCK_A (8 << 20)
+#define TG_BLOCK_K 4096
 /* ... and, by the heuristic, a row-major B only with at least this many
  * rows: with fewer, BLAS packs B more cheaply for them (ResNet-18's
  * batch-1 whole-image products, 128x1152x784, 256x2304x196, 128x576x784:
@@ -3375,13 +3381,16 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 		    "template or faster)";
 	else
 		form = 2;
-	int64_t block_a = c->tmpl_block_a > 0 ? c->tmpl_block_a : TG_BLOCK_A;
-	if (form == 2 && (K > TG_PANEL_K || M * K * 4 > block_a)) {
+	bool big_a = c->tmpl_block_a > 0
+			 ? M * K * 4 > c->tmpl_block_a
+			 : M * K * 4 > TG_BLOCK_A && K >= TG_BLOCK_K;
+	if (form == 2 && (K > TG_PANEL_K || big_a)) {
 		form = 3;
 		if (f < 0 && !c->blas_avx512)
 			w = "template blocked, A and B packed: at least 2^21 "
-			    "multiply-adds and 32 columns, A over 8 MiB or K "
-			    "over 4096 (BLAS runs pre-AVX-512 kernels)";
+			    "multiply-adds and 32 columns, A over 8 MiB with K "
+			    "of 4096, or K over 4096 (BLAS runs pre-AVX-512 "
+			    "kernels)";
 		else if (f < 0)
 			w = "template blocked, A and B packed: mm/bmm/addmm/"
 			    "baddbmm, at least 2^21 multiply-adds and 32 "
@@ -3389,8 +3398,9 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 			    "most 8 MiB, K over 4096";
 	} else if (form == 2 && f < 0 && !c->blas_avx512) {
 		w = "template packing B a panel at a time: at least 2^21 "
-		    "multiply-adds and 32 columns, A at most 8 MiB, K at most "
-		    "4096 (BLAS runs pre-AVX-512 kernels)";
+		    "multiply-adds and 32 columns, K under 4096, or at most "
+		    "4096 with A of at most 8 MiB (BLAS runs pre-AVX-512 "
+		    "kernels)";
 	} else if (form == 2 && f < 0) {
 		w = "template packing B a panel at a time: mm/bmm/addmm/"
 		    "baddbmm, at least 2^21 multiply-adds and 32 columns, B "

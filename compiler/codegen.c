@@ -3226,6 +3226,13 @@ static int gemm_forced(cctx_t *c, int32_t node)
  * against 9.6). */
 #define TG_BLOCK_A (8 << 20)
 #define TG_BLOCK_K 4096
+/* ... and where A is not row-major (transposed: its rows are a line per
+ * k, M elements apart), 2 MiB, the older bound: 2048x1024x768 (8 MiB) 7.9
+ * ms blocked against 10.4 in panels, 8192x1024x768 (GPT-2's LM head
+ * weight gradient at 1024 tokens) 42 against 89; at 2-3 MiB within 3% of
+ * each other (1024x768x768 2.95 against 3.03, 768x768x1024 3.08 against
+ * 2.75) */
+#define TG_BLOCK_AT (2 << 20)
 /* ... and, by the heuristic, a row-major B only with at least this many
  * rows: with fewer, BLAS packs B more cheaply for them (ResNet-18's
  * batch-1 whole-image products, 128x1152x784, 256x2304x196, 128x576x784:
@@ -3381,31 +3388,36 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 		    "template or faster)";
 	else
 		form = 2;
-	bool big_a = c->tmpl_block_a > 0
-			 ? M * K * 4 > c->tmpl_block_a
-			 : M * K * 4 > TG_BLOCK_A && K >= TG_BLOCK_K;
+	/* an A that is not row-major (a transposed one: the gradient of a
+	 * weight, gO^T @ x) is read a line per k in panels, its rows M
+	 * elements apart: blocked past TG_BLOCK_AT, where packing it pays */
+	bool a_rows = a->is_buf && dim_is(a->strides[r - 1], 1);
+	bool big_a = c->tmpl_block_a > 0 ? M * K * 4 > c->tmpl_block_a
+		     : !a_rows		 ? M * K * 4 > TG_BLOCK_AT
+			       : M * K * 4 > TG_BLOCK_A && K >= TG_BLOCK_K;
 	if (form == 2 && (K > TG_PANEL_K || big_a)) {
 		form = 3;
 		if (f < 0 && !c->blas_avx512)
 			w = "template blocked, A and B packed: at least 2^21 "
 			    "multiply-adds and 32 columns, A over 8 MiB with K "
-			    "of 4096, or K over 4096 (BLAS runs pre-AVX-512 "
-			    "kernels)";
+			    "of 4096 (2 MiB not row-major), or K over 4096 "
+			    "(BLAS runs pre-AVX-512 kernels)";
 		else if (f < 0)
 			w = "template blocked, A and B packed: mm/bmm/addmm/"
 			    "baddbmm, at least 2^21 multiply-adds and 32 "
 			    "columns, B transposed or 512 rows and more, A at "
-			    "most 8 MiB, K over 4096";
+			    "most 8 MiB, K over 4096 (or A over 2 MiB, not "
+			    "row-major)";
 	} else if (form == 2 && f < 0 && !c->blas_avx512) {
 		w = "template packing B a panel at a time: at least 2^21 "
 		    "multiply-adds and 32 columns, K under 4096, or at most "
-		    "4096 with A of at most 8 MiB (BLAS runs pre-AVX-512 "
-		    "kernels)";
+		    "4096 with A of at most 8 MiB (2 MiB not row-major) "
+		    "(BLAS runs pre-AVX-512 kernels)";
 	} else if (form == 2 && f < 0) {
 		w = "template packing B a panel at a time: mm/bmm/addmm/"
 		    "baddbmm, at least 2^21 multiply-adds and 32 columns, B "
-		    "transposed or 512 rows and more, A at most 8 MiB, K at "
-		    "most 4096";
+		    "transposed or 512 rows and more, A at most 8 MiB (2 "
+		    "MiB not row-major), K at most 4096";
 	}
 	if (why != NULL)
 		*why = w;

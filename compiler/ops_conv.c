@@ -121,21 +121,31 @@ static int sum7_out(lnode_t *n, kiln_dtype_t acc, const kiln_dim_t *fs,
 	return lset(n, out, r);
 }
 
+/* Whether the input position (ih, iw) lies in an image of H x W. */
+static const sx_t *in_image(cctx_t *c, const kiln_expr_t *ih,
+			    const kiln_expr_t *iw, kiln_dim_t H, kiln_dim_t W)
+{
+	const kiln_expr_t *pos[2] = {ih, iw};
+	const kiln_dim_t lim[2] = {H, W};
+	const sx_t *ok = NULL;
+	for (int k = 0; k < 2; k++) {
+		const sx_t *v = sx_index(c, pos[k]);
+		const sx_t *in =
+		    sx_bin(c, OP_AND,
+			   sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+			   sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, lim[k]))));
+		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
+	}
+	return ok;
+}
+
 /* x[n, ch, ih, iw] with ih/iw from output and kernel positions; guarded. */
 static const sx_t *xin(cctx_t *c, const lt_t *x, const kiln_expr_t *n,
 		       const kiln_expr_t *ch, const kiln_expr_t *ih,
 		       const kiln_expr_t *iw)
 {
 	const kiln_expr_t *idx[4] = {n, ch, ih, iw};
-	const sx_t *ok = NULL;
-	for (int k = 2; k < 4; k++) {
-		const sx_t *v = sx_index(c, idx[k]);
-		const sx_t *in = sx_bin(
-		    c, OP_AND,
-		    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
-		    sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, x->sizes[k]))));
-		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
-	}
+	const sx_t *ok = in_image(c, ih, iw, x->sizes[2], x->sizes[3]);
 	const sx_t *val = sx_guard(c, lt_at(c, x, idx), ok);
 	return sx_where(c, ok, val, sxf(c, 0, x->dtype));
 }
@@ -741,16 +751,8 @@ static int conv_depthwise_nhwc(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	cctx_t *c = n->c;
 	const kiln_expr_t *pos[2] = {win_pos(c, cv, 0, 2, 4),
 				     win_pos(c, cv, 1, 3, 5)};
-	const sx_t *ok = NULL;
-	for (int k = 0; k < 2; k++) {
-		const sx_t *v = sx_index(c, pos[k]);
-		const sx_t *in =
-		    sx_bin(c, OP_AND,
-			   sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
-			   sx_bin(c, OP_LT, v,
-				  sx_consti(c, dims[2 + k], KILN_DT_I64)));
-		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
-	}
+	const sx_t *ok =
+	    in_image(c, pos[0], pos[1], dim_const(dims[2]), dim_const(dims[3]));
 	return dw_cl_sum(n, x, w, acc, dims[7], dims[8], dims[5], dims[6],
 			 pos[0], pos[1], ok, NULL, y);
 }
@@ -1432,16 +1434,8 @@ static int bw_weight_depthwise_blocked(lnode_t *n, const conv_t *cv, lt_t *x,
 				  dim_const(CB)};
 	const kiln_expr_t *pos[2] = {win_pos(c, cv, 0, 4, 1),
 				     win_pos(c, cv, 1, 5, 2)};
-	const sx_t *ok = NULL;
-	const int64_t lim[2] = {H, W};
-	for (int k = 0; k < 2; k++) {
-		const sx_t *v = sx_index(c, pos[k]);
-		const sx_t *in = sx_bin(
-		    c, OP_AND,
-		    sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
-		    sx_bin(c, OP_LT, v, sx_consti(c, lim[k], KILN_DT_I64)));
-		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
-	}
+	const sx_t *ok =
+	    in_image(c, pos[0], pos[1], dim_const(H), dim_const(W));
 	const kiln_expr_t *gi[5] = {IV(0), IV(3), IV(4), IV(5), IV(6)};
 	const kiln_expr_t *xi[5] = {IV(0), IV(3), pos[0], pos[1], IV(6)};
 	const sx_t *xv = sx_guard(c, sx_cast(c, lt_at(c, xb, xi), acc), ok);

@@ -986,6 +986,18 @@ def build_nn():
          U(1, 6, 5, 6), U(1, 24, 5, 6), U(6, 8, 3, 3), min_atol=1e-5)
     case(op, "groups_gemm_weight", lambda g, x, w: cb(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 2, [False, True, False]),
          U(3, 16, 4, 4), U(3, 16, 4, 4), U(16, 8, 3, 3), min_atol=1e-5)
+    # strided, the strides dividing the input: grad_input's col2im by the
+    # input positions' phases (ops_conv.c col2im_phases): 3x3 at stride 2;
+    # stride (2, 1) dilated along W; a 1x1 at stride 2 (one phase of four
+    # gets taps); 1-d in groups
+    case(op, "phases_s2", lambda g, x, w: cb(g, x, w, [4], [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True]),
+         U(2, 4, 4, 3), U(2, 5, 8, 6), U(4, 5, 3, 3), min_atol=1e-5)
+    case(op, "phases_s21_dil", lambda g, x, w: cb(g, x, w, None, [2, 1], [0, 2], [1, 2], False, [0, 0], 1, [True, False, False]),
+         U(1, 4, 3, 7), U(1, 6, 8, 7), U(4, 6, 3, 3), min_atol=1e-5)
+    case(op, "phases_1x1_s2", lambda g, x, w: cb(g, x, w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1, [True, True, False]),
+         U(2, 8, 3, 3), U(2, 40, 6, 6), U(8, 40, 1, 1), min_atol=1e-5)
+    case(op, "phases_1d_groups", lambda g, x, w: cb(g, x, w, None, [2], [2], [1], False, [0], 2, [True, True, False]),
+         U(2, 8, 5), U(2, 16, 10), U(8, 8, 5), min_atol=1e-5)
     seed("pool")
     op = "max_pool2d_with_indices"
     mp = A.max_pool2d_with_indices.default

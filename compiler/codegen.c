@@ -3304,6 +3304,15 @@ static bool panel_thrashes(kiln_dim_t ldb, int64_t K)
 	return sets < 64 && 2 * K / sets > TG_SET_LINES;
 }
 
+/* The batch of a product's A (1 unbatched or symbolic): the template's
+ * MAC floor counts the whole batch, whose kernel's compile it pays once
+ * (RegNetY's grouped weight gradients, 20 products of 16x512x144, had
+ * been BLAS's under the floor of one). */
+static int64_t tmpl_batch(const lt_t *a)
+{
+	return a->rank == 3 && a->sizes[0].e == NULL ? a->sizes[0].c : 1;
+}
+
 /* Whether the template takes the product as it is (B row-major, small
  * enough to stay in L2), by the heuristic or by max-autotune's choice. */
 static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
@@ -3321,7 +3330,7 @@ static bool tmpl_unpacked(cctx_t *c, const cnode_t *n)
 		    !panel_thrashes(b->strides[r - 2], K.c);
 	if (f >= 0) /* max-autotune: packed where B does not fit */
 		return f == 2 && (fits || !stat);
-	return fits && M.c * N.c * K.c >= TG_MIN_MACS;
+	return fits && M.c * N.c * K.c * tmpl_batch(a) >= TG_MIN_MACS;
 }
 
 /* The product's form (cg_gemm_tmpl) and in *why the reason for it, as
@@ -3370,7 +3379,7 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 	else if (f >= 0) {
 		form = f == 2 ? 2 : 0;
 		w = "chosen by max-autotune";
-	} else if (M * N * K < TG_MIN_MACS)
+	} else if (M * N * K * tmpl_batch(a) < TG_MIN_MACS)
 		w = "BLAS: under 2^21 multiply-adds (the template's compile "
 		    "costs more than it saves)";
 	else if (N < CG_TG_NR)

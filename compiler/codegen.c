@@ -3408,25 +3408,25 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 		form = 3;
 		if (f < 0 && !c->blas_avx512)
 			w = "template blocked, A and B packed: at least 2^21 "
-			    "multiply-adds and 32 columns, A over 8 MiB with K "
-			    "of 4096 (2 MiB not row-major), or K over 4096 "
-			    "(BLAS runs pre-AVX-512 kernels)";
+			    "multiply-adds and 32 columns, and K over 4096, K "
+			    "of 4096 with A over 8 MiB, or A over 2 MiB not "
+			    "row-major (BLAS runs pre-AVX-512 kernels)";
 		else if (f < 0)
 			w = "template blocked, A and B packed: mm/bmm/addmm/"
 			    "baddbmm, at least 2^21 multiply-adds and 32 "
 			    "columns, B transposed or 512 rows and more, A at "
-			    "most 8 MiB, K over 4096 (or A over 2 MiB, not "
-			    "row-major)";
+			    "most 8 MiB, and K over 4096 or A over 2 MiB not "
+			    "row-major";
 	} else if (form == 2 && f < 0 && !c->blas_avx512) {
 		w = "template packing B a panel at a time: at least 2^21 "
-		    "multiply-adds and 32 columns, K under 4096, or at most "
-		    "4096 with A of at most 8 MiB (2 MiB not row-major) "
+		    "multiply-adds and 32 columns, K at most 4096, A at most "
+		    "2 MiB where not row-major and 8 MiB where K is 4096 "
 		    "(BLAS runs pre-AVX-512 kernels)";
 	} else if (form == 2 && f < 0) {
 		w = "template packing B a panel at a time: mm/bmm/addmm/"
 		    "baddbmm, at least 2^21 multiply-adds and 32 columns, B "
 		    "transposed or 512 rows and more, A at most 8 MiB (2 "
-		    "MiB not row-major), K at most 4096";
+		    "MiB where not row-major), K at most 4096";
 	}
 	if (why != NULL)
 		*why = w;

@@ -374,12 +374,34 @@ class _GroupNet(nn.Module):
         return self.head(h.mean((2, 3)))
 
 
-def test_grouped_and_depthwise_convolutions_train_like_eager():
+class _BlockNet(nn.Module):
+    """ConvMixer's depthwise convolution over enough channels that its sums
+    take them in blocks (7x7 over 192 channels: ops_conv.c dw_cl_sum), with
+    its backward from an NCHW grad_output, and a stride-2 grouped 3x3 over
+    an even input, whose grad_input's col2im goes by phases
+    (col2im_phases)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(16, 192, 1)
+        self.dw = nn.Conv2d(192, 192, 7, padding=3, groups=192)
+        self.s2 = nn.Conv2d(192, 64, 3, stride=2, padding=1, groups=4)
+        self.head = nn.Linear(64, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = self.s2(nn.functional.gelu(self.dw(h)) + h)
+        return self.head(h.mean((2, 3)))
+
+
+@pytest.mark.parametrize("net,shape", [(_GroupNet, (4, 32, 9, 9)), (_BlockNet, (2, 16, 10, 10))],
+                         ids=["groups", "blocks"])
+def test_grouped_and_depthwise_convolutions_train_like_eager(net, shape):
     import kiln.backend as kb
     kb.reset()
     torch.manual_seed(0)
-    model = _GroupNet()
-    args = (_x(12, 4, 32, 9, 9),)
+    model = net()
+    args = (_x(12, *shape),)
     ref = copy.deepcopy(model)
     exact = copy.deepcopy(model).double()
     eager = _train(ref, args, "sgd", 3, compiled=False)

@@ -1000,14 +1000,19 @@ int low_slice_backward(cctx_t *c, lnode_t *n)
 	    lt_fn(c, dt, rank, sizes, sx_where(c, hit, v, sxf(c, 0, dt))));
 }
 
+/* The (self, src) tensors of copy and as_strided_scatter. */
+static int self_src(lnode_t *n, lt_t **x, lt_t **src)
+{
+	int rc = ltensor(n, 0, "self", x);
+	return rc != 0 ? rc : ltensor(n, 1, "src", src);
+}
+
 /* copy(self, src): src broadcast to self's shape, in self's dtype (what
  * AOTAutograd's functionalization leaves of an in-place copy_) */
 int low_copy(cctx_t *c, lnode_t *n)
 {
 	lt_t *x, *src;
-	int rc = ltensor(n, 0, "self", &x);
-	if (rc == 0)
-		rc = ltensor(n, 1, "src", &src);
+	int rc = self_src(n, &x, &src);
 	if (rc != 0)
 		return rc;
 	if (src->rank > x->rank)
@@ -1056,9 +1061,7 @@ static bool decl_contiguous(const kiln_value_t *dv, uint32_t r,
 int low_as_strided_scatter(cctx_t *c, lnode_t *n)
 {
 	lt_t *x, *src;
-	int rc = ltensor(n, 0, "self", &x);
-	if (rc == 0)
-		rc = ltensor(n, 1, "src", &src);
+	int rc = self_src(n, &x, &src);
 	if (rc != 0)
 		return rc;
 	int64_t size[CIR_MAX_RANK], st[CIR_MAX_RANK], off;

@@ -218,6 +218,21 @@ def test_inference_matches_eager(name):
 _TRAIN_F64 = {"mobilenet_v2", "resnet18"}
 
 
+def _train_like_eager(model, args, opt_name="sgd", steps=3, p_atol=1e-5):
+    """Trains model compiled with kiln, a copy eagerly and an f64 copy
+    eagerly, and checks kiln's losses and parameters against both (_close);
+    returns the eager and the f64 copies."""
+    ref = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double()
+    eager = _train(ref, args, opt_name, steps, compiled=False)
+    want = _train(exact, _f64(args), opt_name, steps, compiled=False)
+    ours = _train(model, args, opt_name, steps, compiled=True)
+    _close(ours, eager, want, 1e-4, 1e-6, "losses")
+    for (pn, p), q, r in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
+        _close(p, q, r, 1e-4, p_atol, pn)
+    return ref, exact
+
+
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_five_training_steps_match_eager(name, opt_name):
@@ -226,18 +241,11 @@ def test_five_training_steps_match_eager(name, opt_name):
     model, args = MODELS[name]()
     if name in _TRAIN_F64:
         model, args = model.double(), _f64(args)
-    ref = copy.deepcopy(model)
-    exact = copy.deepcopy(model).double()
-    eager = _train(ref, args, opt_name, 5, compiled=False)
-    want = _train(exact, _f64(args), opt_name, 5, compiled=False)
-    ours = _train(model, args, opt_name, 5, compiled=True)
-    _close(ours, eager, want, 1e-4, 1e-6, "losses")
     # AdamW turns a gradient that is zero up to rounding into a +-lr step
     # whose sign is the rounding's: such an element may end anywhere within
     # steps * lr of the exact one, in eager as in kiln
     p_atol = 1e-5 if opt_name == "sgd" else 5 * 1e-3
-    for (pn, p), q, r in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
-        _close(p, q, r, 1e-4, p_atol, pn)
+    ref, exact = _train_like_eager(model, args, opt_name, 5, p_atol)
     for (bn, b), c, r in zip(model.named_buffers(), ref.buffers(), exact.buffers()):
         if b.is_floating_point():
             # the running statistics follow the activations, which AdamW's
@@ -340,14 +348,7 @@ def test_nearest_upsampling_runs_in_kiln_and_trains_like_eager(monkeypatch):
     torch.manual_seed(0)
     model = _UpNet()
     args = (_x(11, 2, 3, 20, 20),)
-    ref = copy.deepcopy(model)
-    exact = copy.deepcopy(model).double()
-    eager = _train(ref, args, "sgd", 3, compiled=False)
-    want = _train(exact, _f64(args), "sgd", 3, compiled=False)
-    ours = _train(model, args, "sgd", 3, compiled=True)
-    _close(ours, eager, want, 1e-4, 1e-6, "losses")
-    for (pn, p), q, r in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
-        _close(p, q, r, 1e-4, 1e-5, pn)
+    _train_like_eager(model, args)
     fw = [r for r in kb.records() if r["kind"] == "forward"]
     bw = [r for r in kb.records() if r["kind"] == "backward"]
     assert fw and bw, kb.records()
@@ -402,14 +403,7 @@ def test_grouped_and_depthwise_convolutions_train_like_eager(net, shape):
     torch.manual_seed(0)
     model = net()
     args = (_x(12, *shape),)
-    ref = copy.deepcopy(model)
-    exact = copy.deepcopy(model).double()
-    eager = _train(ref, args, "sgd", 3, compiled=False)
-    want = _train(exact, _f64(args), "sgd", 3, compiled=False)
-    ours = _train(model, args, "sgd", 3, compiled=True)
-    _close(ours, eager, want, 1e-4, 1e-6, "losses")
-    for (pn, p), q, r in zip(model.named_parameters(), ref.parameters(), exact.parameters()):
-        _close(p, q, r, 1e-4, 1e-5, pn)
+    _train_like_eager(model, args)
     recs = [r for r in kb.records() if r["kind"] in ("forward", "backward")]
     assert {r["kind"] for r in recs} == {"forward", "backward"}, kb.records()
     for r in recs:  # every convolution and its gradients ran as kernels

@@ -121,7 +121,14 @@ static int sum7_out(lnode_t *n, kiln_dtype_t acc, const kiln_dim_t *fs,
 	return lset(n, out, r);
 }
 
-/* Whether the input position (ih, iw) lies in an image of H x W. */
+/* Whether the input position (ih, iw) lies in an image of H x W. A
+ * coordinate the variables' known ranges keep inside (set_var_ranges: a
+ * convolution without padding) adds no test; with neither, the constant
+ * true, which sx_guard and sx_where drop. A 1x1 convolution's im2col over
+ * a concatenation (DenseNet's) had kept a window test that moves with
+ * the vectorized column, and so masked loads where the concatenation's
+ * channel test alone is the same in every lane (codegen.c
+ * load_guarded_row). */
 static const sx_t *in_image(cctx_t *c, const kiln_expr_t *ih,
 			    const kiln_expr_t *iw, kiln_dim_t H, kiln_dim_t W)
 {
@@ -129,6 +136,10 @@ static const sx_t *in_image(cctx_t *c, const kiln_expr_t *ih,
 	const kiln_dim_t lim[2] = {H, W};
 	const sx_t *ok = NULL;
 	for (int k = 0; k < 2; k++) {
+		int64_t lo, hi;
+		if (lim[k].e == NULL && ix_bounds(c, pos[k], &lo, &hi) &&
+		    lo >= 0 && hi < lim[k].c)
+			continue;
 		const sx_t *v = sx_index(c, pos[k]);
 		const sx_t *in =
 		    sx_bin(c, OP_AND,
@@ -136,7 +147,7 @@ static const sx_t *in_image(cctx_t *c, const kiln_expr_t *ih,
 			   sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, lim[k]))));
 		ok = ok ? sx_bin(c, OP_AND, ok, in) : in;
 	}
-	return ok;
+	return ok ? ok : sx_consti(c, 1, KILN_DT_BOOL);
 }
 
 /* x[n, ch, ih, iw] with ih/iw from output and kernel positions; guarded. */
@@ -179,10 +190,13 @@ static int im2col(lnode_t *n, lt_t *x, const conv_t *cv, kiln_dtype_t acc,
 		  const kiln_expr_t *ch, uint32_t vkh, uint32_t vkw, lt_t **col)
 {
 	cctx_t *c = n->c;
+	/* the ranges of cs's vars, for in_image (and reset) */
+	set_var_ranges(c, 6, cs);
 	const kiln_expr_t *ih = win_pos(c, cv, 0, 4, vkh);
 	const kiln_expr_t *iw = win_pos(c, cv, 1, 5, vkw);
 	lt_t *t =
 	    lt_fn(c, acc, 6, cs, sx_cast(c, xin(c, x, nn, ch, ih, iw), acc));
+	set_var_ranges(c, 0, NULL);
 	if (t == NULL)
 		return -ENOMEM;
 	return lt_realize(c, t, (int32_t)n->index, col);
@@ -889,6 +903,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		kiln_dim_t fs[7] = {dim_const(N),  dim_const(O),  dim_const(Cg),
 				    dim_const(KH), dim_const(KW), dim_const(OH),
 				    dim_const(OW)};
+		set_var_ranges(c, 7, fs); /* for in_image */
 		const kiln_expr_t *ch = ix_add(
 		    c, ix_mul(c, ix_floordiv(c, IV(1), IC(Og)), IC(Cg)), IV(2));
 		const kiln_expr_t *ih = win_pos(c, &cv, 0, 5, 3);
@@ -897,6 +912,7 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		const sx_t *body = sx_bin(
 		    c, OP_MUL, sx_cast(c, xin(c, x, IV(0), ch, ih, iw), acc),
 		    sx_cast(c, lt_at(c, w, wi), acc));
+		set_var_ranges(c, 0, NULL);
 		rc = sum7(n, acc, fs, body, (1u << 2) | (1u << 3) | (1u << 4),
 			  &y);
 		if (rc != 0)

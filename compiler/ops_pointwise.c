@@ -578,6 +578,34 @@ int low_fill(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, x->dtype, x->rank, x->sizes, b));
 }
 
+/* Whether the stride list at argument pos is row-major for sizes (a dim
+ * of size 1 takes any stride). empty_strided and new_empty_strided are
+ * taken only so: their values are undefined, but a later as_strided view
+ * reads the storage, which kiln lays out row-major. AOTAutograd writes
+ * new_empty_strided + copy for a clone (GhostNet's backward: 16 fallback
+ * steps). */
+static int row_major_strides(lnode_t *n, uint32_t pos, uint32_t rank,
+			     const kiln_dim_t *sizes)
+{
+	const kiln_expr_t *st[CIR_MAX_RANK];
+	uint32_t ns;
+	int rc = lsizelist(n, pos, "stride", st, &ns);
+	if (rc != 0)
+		return rc;
+	if (ns != rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "stride has %u entries for %u dims", ns, rank);
+	kiln_dim_t want = dim_const(1);
+	for (uint32_t k = rank; k-- > 0;) {
+		if (!dim_is(sizes[k], 1) && !dim_eq(dim_of(st[k]), want))
+			return lerr(n, KILN_EUNSUPOP,
+				    "strides that are not row-major (dim %u)",
+				    k);
+		want = dim_mul(n->c, want, sizes[k]);
+	}
+	return 0;
+}
+
 /* full/zeros/ones/empty, new_*, *_like, scalar_tensor: the declared output
  * gives shape and dtype; the argument gives the value. */
 int low_full(cctx_t *c, lnode_t *n)
@@ -588,6 +616,13 @@ int low_full(cctx_t *c, lnode_t *n)
 	int rc = lout_sizes(n, 0, &rank, sizes, &dt);
 	if (rc != 0)
 		return rc;
+	if (n->param == 13 || n->param == 14) {
+		/* empty_strided(size, stride), new_empty_strided(self, size,
+		 * stride): zeros */
+		rc = row_major_strides(n, n->param == 13 ? 1 : 2, rank, sizes);
+		if (rc != 0)
+			return rc;
+	}
 	const sx_t *v = NULL;
 	operand_t o;
 	switch (n->param) {

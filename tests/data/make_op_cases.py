@@ -407,6 +407,15 @@ def build_select_fill():
     case("new_ones", "dtype", lambda x: A.new_ones.default(x, [], dtype=b8, pin_memory=False), U(3))
     case("new_zeros", "default", lambda x: A.new_zeros.default(x, [3]), I(2))
     case("new_empty", "default", lambda x: A.new_empty.default(x, [3, 1]), U(2), nocheck=[0])
+    case("new_empty", "strided", lambda x: A.new_empty_strided.default(x, [2, 3], [3, 1]),
+         U(2), nocheck=[0])
+    # AOTAutograd's clone: new_empty_strided, then copy into it
+    case("new_empty", "strided_copy",
+         lambda x: A.copy.default(A.new_empty_strided.default(x, [2, 3, 4], [12, 4, 1]), x),
+         U(2, 3, 4))
+    # strides that are not row-major: a fallback step
+    case("new_empty", "strided_cols",
+         lambda x: A.copy.default(A.new_empty_strided.default(x, [2, 3], [1, 2]), x), U(2, 3))
     case("new_full", "default", lambda x: A.new_full.default(x, [2, 3], 4.5), U(2))
     case("new_full", "int", lambda x: A.new_full.default(x, [2], 4.5), I(2))
     case("full_like", "default", lambda x: A.full_like.default(x, 2.0), T(U(3, 2)))

@@ -455,6 +455,47 @@ def test_dropout_draws_the_reference_bits_and_its_backward_uses_the_mask():
     _no_fallback()
 
 
+def test_stochastic_depth_draws_in_the_kernels_and_its_backward_uses_the_mask():
+    """torchvision's StochasticDepth and timm's DropPath draw
+    ``x.new_empty(shape).bernoulli_(keep)``: aten.bernoulli.p, which the
+    backend rewrites into kiln.dropout's mask of ones (drop probability
+    1 - keep) drawn in the kernels from the seed input, not a fallback step
+    run by torch. Rows are kept with probability keep and scaled by 1/keep,
+    the seed comes from torch's generator (manual_seed repeats a draw), and
+    the backward uses the forward's mask."""
+    import kiln.backend as kb
+    import torchvision
+    from timm.layers import DropPath
+    kb.reset()
+    for i, (drop, keep) in enumerate(((torchvision.ops.StochasticDepth(0.3, "row"), 0.7),
+                                      (DropPath(0.25), 0.75))):
+        torch.manual_seed(i)
+        m = nn.Sequential(nn.Linear(32, 32), drop).train()
+        x = _x(5 + i, 20000, 32)
+        cm = torch.compile(m, backend="kiln")
+        torch.manual_seed(7)
+        y = cm(x)
+        torch.manual_seed(7)
+        assert torch.equal(cm(x).detach(), y.detach())
+        torch.manual_seed(8)
+        assert not torch.equal(cm(x).detach(), y.detach())
+        lin = m[0](x).detach()
+        kept = y.detach().abs().sum(1) != 0
+        frac = kept.double().mean().item()
+        assert abs(frac - keep) < 0.02, frac  # 20000 rows: sigma 0.003
+        torch.testing.assert_close(y.detach()[kept], lin[kept] / keep)
+        assert torch.equal(y.detach()[~kept], torch.zeros_like(lin[~kept]))
+        m.zero_grad()
+        y.sum().backward()
+        want = torch.full((32,), kept.sum().item() / keep)
+        torch.testing.assert_close(m[0].bias.grad, want, rtol=1e-4, atol=0.0)
+    recs = kb.records()
+    assert {r["kind"] for r in recs} == {"forward", "backward"}, recs
+    for r in recs:
+        assert not r["fallback_ops"], r
+    _no_fallback()
+
+
 def test_dropout_under_dynamic_shapes_is_not_a_fallback():
     """dynamic=True: Dynamo re-traces a graph whose float argument (dropout's
     p) it must specialize (TensorifyScalarRestartAnalysis, raised through the

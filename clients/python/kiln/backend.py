@@ -35,6 +35,7 @@ bytes the entry kept.
 import contextlib
 import hashlib
 import logging
+import operator
 import os
 import threading
 import time
@@ -244,18 +245,33 @@ def _boxed_seeded(fn):
 
 def _seed_dropout(gm):
     """A copy of gm in which every training aten.native_dropout (0 < p < 1)
-    is kiln.dropout (kiln/ops.py) drawing from one new last input, the seed;
-    None when gm has none. gm itself is left as it is (a fallback compiles
-    it)."""
+    is kiln.dropout (kiln/ops.py) drawing from one new last input, the seed,
+    and every aten.bernoulli.p(x, p) of a floating x (stochastic depth:
+    torchvision's StochasticDepth, timm's DropPath draw
+    ``x.new_empty(shape).bernoulli_(keep)``) is kiln.dropout's mask of a
+    ones_like(x) with drop probability 1 - p, converted to x's dtype: 1 with
+    probability p, as torch's; None when gm has neither. gm itself is left
+    as it is (a fallback compiles it)."""
     def params(n):
-        """(input, p) of a training native_dropout with 0 < p < 1, else None."""
-        if n.op != "call_function" or n.target is not torch.ops.aten.native_dropout.default:
+        """("dropout" | "bernoulli", input, p) of a node to rewrite, else None."""
+        if n.op != "call_function":
+            return None
+        if n.target is torch.ops.aten.bernoulli.p:
+            x = n.args[0] if len(n.args) > 0 else n.kwargs.get("input")
+            p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
+            val = getattr(x, "meta", {}).get("val")
+            ok = (isinstance(p, (int, float)) and 0 <= p <= 1
+                  and n.kwargs.get("generator") is None
+                  and isinstance(val, torch.Tensor) and val.is_floating_point()
+                  and isinstance(n.meta.get("val"), torch.Tensor))
+            return ("bernoulli", x, float(p)) if ok else None
+        if n.target is not torch.ops.aten.native_dropout.default:
             return None
         x = n.args[0] if len(n.args) > 0 else n.kwargs.get("input")
         p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p")
         train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train")
         ok = train is True and isinstance(p, (int, float)) and 0 < p < 1
-        return (x, float(p)) if ok and x is not None else None
+        return ("dropout", x, float(p)) if ok and x is not None else None
 
     if not any(params(n) for n in gm.graph.nodes):
         return None
@@ -272,12 +288,27 @@ def _seed_dropout(gm):
     seed.meta["val"] = torch.zeros((), dtype=torch.int64)
     stream = 0
     for n in list(g.nodes):
-        xp = params(n)
-        if xp is None:
+        what = params(n)
+        if what is None:
             continue
+        kind, x, p = what
         with g.inserting_before(n):
-            new = g.call_function(torch.ops.kiln.dropout.default, (xp[0], xp[1], seed, stream))
-        new.meta = dict(n.meta)
+            if kind == "dropout":
+                new = g.call_function(torch.ops.kiln.dropout.default, (x, p, seed, stream))
+                new.meta = dict(n.meta)
+            else:
+                val = n.meta["val"]  # a fake tensor of x's shape and dtype
+                ones = g.call_function(torch.ops.aten.ones_like.default, (x,))
+                ones.meta["val"] = val
+                drop = g.call_function(torch.ops.kiln.dropout.default,
+                                       (ones, 1.0 - p, seed, stream))
+                mask_val = val.to(torch.bool)
+                drop.meta["val"] = (val, mask_val)
+                mask = g.call_function(operator.getitem, (drop, 1))
+                mask.meta["val"] = mask_val
+                new = g.call_function(torch.ops.aten._to_copy.default, (mask,),
+                                      {"dtype": val.dtype})
+                new.meta = dict(n.meta)
         n.replace_all_uses_with(new)
         g.erase_node(n)
         stream += 1

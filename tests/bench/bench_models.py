@@ -25,7 +25,9 @@ unet (a diffusion model's UNet in small, width 64, batch 8 at 64²: GroupNorm,
 SiLU, attention over 32² positions, nearest upsampling; MSE loss), regnet
 (timm regnety_008, batch 8 at 128²: 3x3 convolutions in groups of 16
 channels, squeeze-excitation), convmixer (timm convmixer_768_32, batch 1
-at 128²: 7x7 depthwise convolutions over 18²). Training is forward, loss,
+at 128²: 7x7 depthwise convolutions over 18²), densenet (torchvision
+densenet121, batch 8 at 64²: every layer's 1x1 convolution reads the
+concatenation of all the block's earlier outputs). Training is forward, loss,
 backward and an SGD step; inference runs under torch.no_grad().
 """
 import argparse
@@ -106,6 +108,11 @@ def build(name, train):
         m = timm.create_model(arch, pretrained=False, num_classes=100)
         x = torch.randn(b, 3, 128, 128)
         return m, (lambda f: f(x).logsumexp(1).mean() if train else f(x))
+    if name == "densenet":
+        import torchvision
+        m = torchvision.models.densenet121(num_classes=100)
+        x = torch.randn(8, 3, 64, 64)
+        return m, (lambda f: f(x).logsumexp(1).mean() if train else f(x))
     if name == "unet":
         m = _unet()
         x, tgt = torch.randn(8, 3, 64, 64), torch.randn(8, 3, 64, 64)
@@ -165,7 +172,7 @@ def _unet(c=64):
 
 
 MODELS = ["gpt2", "llama", "bert", "vit", "resnet50", "convnext", "t5", "swin", "unet", "regnet",
-          "convmixer"]
+          "convmixer", "densenet"]
 
 
 def stepper(base, call, backend, train):

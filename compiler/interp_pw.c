@@ -743,6 +743,17 @@ int kiln__op_create(ictx_t *c, int code)
 				return kiln__i_bad(c, "negative size %lld",
 						   (long long)size[d]);
 	}
+	if (code == CR_EMPTY_STRIDED || code == CR_NEW_EMPTY_STRIDED) {
+		/* the strides matter only to as_strided views of the result
+		 * (the values are undefined): their count must be the rank */
+		int64_t st[KI_MAXR];
+		int ns = 0;
+		KI_TRY(
+		    kiln__i_ints(c, pos_size + 1, "stride", st, KI_MAXR, &ns));
+		if (ns != n)
+			return kiln__i_bad(
+			    c, "stride has %d entries for %d dims", ns, n);
+	}
 	if (pos_val >= 0)
 		KI_TRY(kiln__i_operand(c, pos_val,
 				       code == CR_SCALAR_TENSOR ? "s"

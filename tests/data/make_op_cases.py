@@ -1257,6 +1257,11 @@ def bad_cases():
            [z23], "invalid_graph", "without dims, shifts must be one shift")
     yield ("roll_dim_range", graph1([f23], [node("aten.roll.default", [R0, [1], [2]], [f23])], [R1]),
            [z23], "invalid_graph", "dim 2 out of range")
+    # new_empty_strided: a stride list that is not one stride a dim
+    yield ("new_empty_strided_stride_len",
+           graph1([f23], [node("aten.new_empty_strided.default", [R0, [2, 3], [3]], [f23])],
+                  [R1]),
+           [z23], "invalid_graph", "stride has 1 entries for 2 dims")
     # as_strided_scatter: src not of the view's size, a view past self's
     # elements; copy: src that does not broadcast (each also rejected by
     # the compiler)

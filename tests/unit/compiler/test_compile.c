@@ -5027,6 +5027,17 @@ Test(compile, view_scatter_bad_arguments)
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* new_empty_strided with a stride list that is not one stride a dim
+ * (tests/data/bad/new_empty_strided_stride_len): rejected as the
+ * interpreter rejects it. */
+Test(compile, empty_strided_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"new_empty_strided_stride_len", "stride has 1 entries for 2 dims"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
 /* A product whose weight is a transposed view (nn.Linear's t()) is
  * timed on inputs laid out as declared; a product whose result feeds
  * one other node keeps the heuristic (that node may become its

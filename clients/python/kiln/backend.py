@@ -295,7 +295,6 @@ def _seed_dropout(gm):
         with g.inserting_before(n):
             if kind == "dropout":
                 new = g.call_function(torch.ops.kiln.dropout.default, (x, p, seed, stream))
-                new.meta = dict(n.meta)
             else:
                 val = n.meta["val"]  # a fake tensor of x's shape and dtype
                 ones = g.call_function(torch.ops.aten.ones_like.default, (x,))
@@ -308,7 +307,7 @@ def _seed_dropout(gm):
                 mask.meta["val"] = mask_val
                 new = g.call_function(torch.ops.aten._to_copy.default, (mask,),
                                       {"dtype": val.dtype})
-                new.meta = dict(n.meta)
+        new.meta = dict(n.meta)
         n.replace_all_uses_with(new)
         g.erase_node(n)
         stream += 1

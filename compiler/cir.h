@@ -177,6 +177,13 @@ typedef struct cnode {
 	 * there (codegen.c), or with conv->implicit buf[o, (n, oh, ow)],
 	 * B's blocks packed from gb */
 	const struct convspec *conv;
+	/* a scatter-add (ops_index.c lscatter, codegen.c gen_scatter_body):
+	 * buf[v, d] = sum over the positions q of the index view ga (rank
+	 * r) of gb[q, d] where ga[q] == v and v != scat_pad (NULL: no
+	 * padding row); gb a source buffer view of rank r + 1 with unit
+	 * stride along its last dim, buf [V, D] of its dtype (f32 or f64) */
+	bool scatter;
+	const kiln_expr_t *scat_pad;
 } cnode_t;
 
 typedef struct convspec {
@@ -220,6 +227,7 @@ typedef struct kernel {
 	 * step of its own (sched.c fuse_epilogues) */
 	bool is_epilogue;
 	bool has_epilogue; /* is_gemm: runs the next kernel on its blocks */
+	bool is_scatter;   /* a scatter-add node (cnode_t.scatter) alone */
 	/* a pointwise kernel whose dim frank-2 is the inner part (CIR_TBLK)
 	 * of a dim that some accesses are contiguous along while strided
 	 * along the last (sched.c block_transposes): a unit runs all of it,
@@ -428,6 +436,9 @@ int64_t cg_conv_implicit_units(int64_t cols);
  * the 4 units of a 784-column product leave threads idle that im2col +
  * BLAS would use. */
 #define CG_CONV_IMPLICIT_MIN_UNITS 4
+/* codegen.c: the columns a unit of a scatter-add kernel owns (it runs
+ * every source position for them, so no two units write one element) */
+int64_t cg_scatter_cols(cctx_t *c, kiln_dtype_t dt);
 /* codegen.c: the column block of a product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 /* codegen.c: whether a product node is multiplied by the GEMM template

@@ -4800,6 +4800,129 @@ static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
 	loop_end(g, &U);
 }
 
+int64_t cg_scatter_cols(cctx_t *c, kiln_dtype_t dt)
+{
+	int w = c->vec_width > 0 ? c->vec_width : 8;
+	return 4 * (dt == KILN_DT_F64 ? (w > 1 ? w / 2 : 1) : w);
+}
+
+/* Adds the columns [d0, d1) of a source row s into the output row o (or
+ * stores zeros there where s is NULL): vectors of w, then one at a time. */
+static void scatter_cols(gen_t *g, LLVMTypeRef et, int w, LLVMValueRef o,
+			 LLVMValueRef s, LLVMValueRef d0, LLVMValueRef d1)
+{
+	unsigned al =
+	    (unsigned)(LLVMGetTypeKind(et) == LLVMDoubleTypeKind ? 8 : 4);
+	LLVMValueRef from = d0;
+	for (int vw = w; vw >= 1; vw = vw > 1 ? 1 : 0) {
+		LLVMTypeRef vt = vw > 1 ? LLVMVectorType(et, (unsigned)vw) : et;
+		loop_t L;
+		loop_begin(g, &L, from, d1, vw);
+		LLVMValueRef op = LLVMBuildGEP2(g->b, et, o, &L.i, 1, "");
+		LLVMValueRef v = LLVMConstNull(vt);
+		if (s != NULL) {
+			LLVMValueRef sp =
+			    LLVMBuildGEP2(g->b, et, s, &L.i, 1, "");
+			LLVMValueRef x = LLVMBuildLoad2(g->b, vt, sp, "");
+			LLVMValueRef y = LLVMBuildLoad2(g->b, vt, op, "");
+			LLVMSetAlignment(x, al);
+			LLVMSetAlignment(y, al);
+			v = LLVMBuildFAdd(g->b, y, x, "");
+		}
+		LLVMSetAlignment(LLVMBuildStore(g->b, v, op), al);
+		loop_end(g, &L);
+		from = LLVMBuildLoad2(g->b, g->i64, L.iv, "");
+	}
+}
+
+/* A scatter-add kernel (cnode_t.scatter): unit u owns the output columns
+ * [u·cols, (u+1)·cols) of every row: it zeroes them, then for each source
+ * position q in order adds the source row's columns into the row its
+ * index names (skipping an index outside [0, V) and the padding row).
+ * Units never share an element, and each element sums its sources in
+ * order, so the result does not depend on the threads. */
+static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	const cnode_t *n = &c->nodes[g->k->members[0].node];
+	const lt_t *ix = n->ga, *src = n->gb;
+	kiln_dtype_t dt = c->bufs[n->buf].dtype;
+	LLVMTypeRef et = cg_scalar_type(g, dt);
+	int64_t cols = cg_scatter_cols(c, dt);
+	int w = (int)(cols / 4);
+	LLVMValueRef V = emit_ix(g, ix_dim(c, n->fsizes[0]));
+	LLVMValueRef D = emit_ix(g, ix_dim(c, n->fsizes[1]));
+	LLVMValueRef pad = n->scat_pad ? emit_ix(g, n->scat_pad) : NULL;
+	LLVMValueRef op = buf_ptr(g, n->buf);
+	LLVMValueRef ioff = emit_ix(g, ix_dim(c, ix->offset));
+	LLVMValueRef soff = emit_ix(g, ix_dim(c, src->offset));
+	LLVMTypeRef it = storage_type(g, ix->dtype, 1);
+	LLVMValueRef ip = buf_ptr(g, ix->buf), sp = buf_ptr(g, src->buf);
+	uint32_t r = ix->rank;
+	LLVMValueRef isz[CIR_MAX_RANK], ist[CIR_MAX_RANK], sst[CIR_MAX_RANK];
+	for (uint32_t k = 0; k < r; k++) {
+		isz[k] = emit_ix(g, ix_dim(c, ix->sizes[k]));
+		ist[k] = emit_ix(g, ix_dim(c, ix->strides[k]));
+		sst[k] = emit_ix(g, ix_dim(c, src->strides[k]));
+	}
+	loop_t U;
+	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef d0 = LLVMBuildMul(g->b, U.i, K64(g, cols), "");
+	LLVMValueRef d1 = imin(g, LLVMBuildAdd(g->b, d0, K64(g, cols), ""), D);
+	loop_t Z;
+	loop_begin(g, &Z, K64(g, 0), V, 1);
+	LLVMValueRef zo = LLVMBuildMul(g->b, Z.i, D, "");
+	scatter_cols(g, et, w, LLVMBuildGEP2(g->b, et, op, &zo, 1, ""), NULL,
+		     d0, d1);
+	loop_end(g, &Z);
+	/* the source positions in order, nested loops over ix's dims */
+	loop_t Q[CIR_MAX_RANK];
+	LLVMValueRef io = ioff, so = soff;
+	for (uint32_t k = 0; k < r; k++) {
+		loop_begin(g, &Q[k], K64(g, 0), isz[k], 1);
+		io = LLVMBuildAdd(g->b, io,
+				  LLVMBuildMul(g->b, Q[k].i, ist[k], ""), "");
+		so = LLVMBuildAdd(g->b, so,
+				  LLVMBuildMul(g->b, Q[k].i, sst[k], ""), "");
+	}
+	LLVMValueRef v = LLVMBuildLoad2(
+	    g->b, it, LLVMBuildGEP2(g->b, it, ip, &io, 1, ""), "");
+	if (it != g->i64)
+		v = ix->dtype == KILN_DT_U8
+			? LLVMBuildZExt(g->b, v, g->i64, "")
+			: LLVMBuildSExt(g->b, v, g->i64, "");
+	LLVMValueRef ok = LLVMBuildAnd(
+	    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, v, K64(g, 0), ""),
+	    LLVMBuildICmp(g->b, LLVMIntSLT, v, V, ""), "");
+	if (pad != NULL)
+		ok = LLVMBuildAnd(
+		    g->b, ok, LLVMBuildICmp(g->b, LLVMIntNE, v, pad, ""), "");
+	LLVMBasicBlockRef add =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "add");
+	LLVMBasicBlockRef next =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "next");
+	LLVMBuildCondBr(g->b, ok, add, next);
+	LLVMPositionBuilderAtEnd(g->b, add);
+	LLVMValueRef ro = LLVMBuildMul(g->b, v, D, "");
+	scatter_cols(g, et, w, LLVMBuildGEP2(g->b, et, op, &ro, 1, ""),
+		     LLVMBuildGEP2(g->b, et, sp, &so, 1, ""), d0, d1);
+	LLVMBuildBr(g->b, next);
+	LLVMPositionBuilderAtEnd(g->b, next);
+	for (uint32_t k = r; k-- > 0;)
+		loop_end(g, &Q[k]);
+	loop_end(g, &U);
+}
+
+static void scatter_extent(cctx_t *c, kernel_t *k)
+{
+	const cnode_t *n = &c->nodes[k->members[0].node];
+	int64_t cols = cg_scatter_cols(c, c->bufs[n->buf].dtype);
+	k->extent = dim_of(ix_floordiv(
+	    c, ix_add(c, ix_dim(c, n->fsizes[1]), ix_const(c, cols - 1)),
+	    ix_const(c, cols)));
+	k->grain = 1;
+}
+
 static void gemm_extent(cctx_t *c, kernel_t *k)
 {
 	const cnode_t *n = &c->nodes[k->members[0].node];
@@ -4883,6 +5006,13 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 					add_arg(g, ek->args[i]);
 		}
 		gemm_extent(c, k);
+	} else if (k->is_scatter) {
+		const cnode_t *sn = &c->nodes[k->members[0].node];
+		g->n_args = 0;
+		add_arg(g, sn->buf);
+		add_arg(g, sn->ga->buf);
+		add_arg(g, sn->gb->buf);
+		scatter_extent(c, k);
 	} else {
 		kernel_extent(c, k);
 	}
@@ -4958,6 +5088,8 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 		gen_conv_body(g, begin, end);
 	else if (k->is_gemm)
 		gen_gemm_body(g, begin, end);
+	else if (k->is_scatter)
+		gen_scatter_body(g, begin, end);
 	else {
 		nt_setup(g);
 		gen_kernel_body(g, begin, end);

@@ -10,14 +10,16 @@
  * Negative indices wrap (index + size) as the interpreter does, except for
  * embedding and nll_loss, whose negative indices torch always rejects.
  *
- * The IR has no scatter kernel, so scatters (scatter, scatter_add,
- * index_put, embedding_dense_backward) are reductions over the source
- * positions: the output element at p reduces, over every source position q,
- * a guarded where(index[q] == p, src[q], 0) — a virtual lazy tensor of rank
- * out_rank + (source dims), reduced over the source dims. That is
- * O(outputs × sources) work, fine for small graphs (a 512-row embedding
- * gradient of 32 tokens is 1M multiply-adds); past VREDUCE_MAX_WORK the
- * node is a fallback step instead (torch's scatter). A plain scatter
+ * Small scatters (scatter, scatter_add, index_put, embedding_dense_backward)
+ * are reductions over the source positions: the output element at p
+ * reduces, over every source position q, a guarded where(index[q] == p,
+ * src[q], 0) — a virtual lazy tensor of rank out_rank + (source dims),
+ * reduced over the source dims. That is O(outputs × sources) work, fine for
+ * small graphs (a 512-row embedding gradient of 32 tokens is 1M
+ * multiply-adds), and it fuses with what surrounds it. Past
+ * VREDUCE_MAX_WORK an embedding gradient is a scatter-add node (lscatter:
+ * its own kernel, O(outputs + sources)), and the other scatters a fallback
+ * step (torch's scatter). A plain scatter
  * (not accumulating) keeps torch's sequential "last write wins" exactly: a
  * max reduction finds the last matching source position, then a dyn load
  * reads that one source element.
@@ -170,6 +172,19 @@ static int scalar_of(lnode_t *n, const lt_t *t, const char *what,
  * millisecond; at 2^22 the dense reduction is about 0.3 ms. */
 #define VREDUCE_MAX_WORK (1LL << 22)
 
+/* Whether a dense reduction over the virtual tensor (rank, sizes) would
+ * visit more than VREDUCE_MAX_WORK elements (symbols by their hints). */
+static bool vwork_over(cctx_t *c, uint32_t rank, const kiln_dim_t *sizes)
+{
+	int64_t work = 1;
+	for (uint32_t k = 0; k < rank && work <= VREDUCE_MAX_WORK; k++) {
+		int64_t d = sizes[k].e != NULL ? ix_estimate(c, sizes[k].e)
+					       : sizes[k].c;
+		work *= d > 0 ? d : 0;
+	}
+	return work > VREDUCE_MAX_WORK;
+}
+
 /* op-reduction over rmask of the virtual tensor (rank, sizes) whose element
  * is body (in acc); rmask == 0: the tensor itself. */
 static int vreduce(lnode_t *n, uint32_t rank, const kiln_dim_t *sizes,
@@ -177,15 +192,7 @@ static int vreduce(lnode_t *n, uint32_t rank, const kiln_dim_t *sizes,
 		   kiln_dtype_t acc, lt_t **out)
 {
 	if (rmask != 0) {
-		int64_t work = 1;
-		for (uint32_t k = 0; k < rank && work <= VREDUCE_MAX_WORK;
-		     k++) {
-			int64_t d = sizes[k].e != NULL
-					? ix_estimate(n->c, sizes[k].e)
-					: sizes[k].c;
-			work *= d > 0 ? d : 0;
-		}
-		if (work > VREDUCE_MAX_WORK)
+		if (vwork_over(n->c, rank, sizes))
 			return lerr(n, KILN_EUNSUPOP,
 				    "as a dense reduction it would visit more "
 				    "than %lld elements (kiln has no scatter "
@@ -250,6 +257,54 @@ int low_embedding(cctx_t *c, lnode_t *n)
 			  sx_where(c, ok, v, zero(c, w->dtype))));
 }
 
+/* The scatter-add node of out [V, D] (dtype dt, f32 or f64) = Σ over the
+ * positions q of ix of src[q, :] into row ix[q] (rows outside [0, V) and
+ * the row pad, when not NULL, take nothing): src [ix.shape..., D] becomes
+ * a buffer of dtype dt with unit stride along D, ix a buffer view. The
+ * kernel (codegen.c gen_scatter_body) splits D among its units, each of
+ * which zeroes its columns and adds every source row's into them, so it is
+ * O(V·D + N·D) where the dense reduction is O(V·N·D). */
+static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V,
+		    const kiln_expr_t *pad, kiln_dtype_t dt, lt_t **out)
+{
+	cctx_t *c = n->c;
+	uint32_t r = src->rank;
+	int rc = as_buf(n, ix, &ix);
+	if (rc != 0)
+		return rc;
+	if (!src->is_buf || src->dtype != dt ||
+	    !dim_is(src->strides[r - 1], 1)) {
+		lt_t *u = lt_fn(c, dt, r, src->sizes,
+				sx_cast(c, lt_body(c, src), compute_dtype(dt)));
+		if (u == NULL)
+			return -ENOMEM;
+		rc = lt_realize(c, u, (int32_t)n->index, &src);
+		if (rc != 0)
+			return rc;
+	}
+	kiln_dim_t sz[2] = {V, src->sizes[r - 1]};
+	uint32_t buf = new_buf(c, CB_TEMP, dt, 2, sz);
+	int32_t ni = new_cnode(c);
+	if (buf == UINT32_MAX || ni < 0)
+		return -ENOMEM;
+	cnode_t *cn = &c->nodes[ni];
+	cn->buf = buf;
+	cn->scatter = true;
+	cn->ga = ix;
+	cn->gb = src;
+	cn->scat_pad = pad;
+	cn->node = (int32_t)n->index;
+	cn->frank = 2;
+	cn->fsizes[0] = sz[0];
+	cn->fsizes[1] = sz[1];
+	cn->body = sx_consti(c, 0, KILN_DT_I64); /* no element body */
+	if (cn->body == NULL)
+		return -ENOMEM;
+	c->bufs[buf].producer = ni;
+	*out = lt_buf(c, buf);
+	return *out ? 0 : -ENOMEM;
+}
+
 /* embedding_dense_backward(grad [I..., D], indices [I...], V, padding_idx,
  * scale_grad_by_freq) -> [V, D]:
  *   out[v, d] = Σ_i (idx[i] == v && v != padding_idx ? grad[i, d] : 0)
@@ -298,6 +353,14 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 	}
 	vsz[ir + 1] = g->sizes[ir];
 	gpos[ir] = ix_var(c, ir + 1);
+	if (!freq && (odt == KILN_DT_F32 || odt == KILN_DT_F64) &&
+	    vwork_over(c, ir + 2, vsz)) {
+		/* a language model's: a scatter-add kernel, not the
+		 * O(V·N·D) reduction */
+		lt_t *s;
+		rc = lscatter(n, ix, g, vsz[0], pad, odt, &s);
+		return rc != 0 ? rc : lset(n, 0, s);
+	}
 	const sx_t *row = sx_index(c, ix_var(c, 0));
 	const sx_t *hit =
 	    sx_bin(c, OP_EQ, sx_cast(c, lt_at(c, ix, ipos), KILN_DT_I64), row);

@@ -313,7 +313,8 @@ static int try_join(cctx_t *c, kernel_t *k, uint32_t ni, bool *joined)
 {
 	cnode_t *n = &c->nodes[ni];
 	*joined = false;
-	if (k->n_members >= MAX_MEMBERS || k->is_fallback || k->is_gemm)
+	if (k->n_members >= MAX_MEMBERS || k->is_fallback || k->is_gemm ||
+	    k->is_scatter)
 		return 0;
 	role_t role;
 	const kiln_expr_t *vmap[CIR_MAX_RANK];
@@ -618,7 +619,8 @@ static void fuse_epilogues(cctx_t *c)
 	for (uint32_t ki = 0; ki + 1 < c->n_kernels; ki++) {
 		kernel_t *gk = &c->kernels[ki], *ek = &c->kernels[ki + 1];
 		if (!gk->is_gemm || ek->is_gemm || ek->is_fallback ||
-		    ek->is_row || ek->frank < 1 || ek->n_members == 0)
+		    ek->is_scatter || ek->is_row || ek->frank < 1 ||
+		    ek->n_members == 0)
 			continue;
 		const cnode_t *n = &c->nodes[gk->members[0].node];
 		cbuf_t *pb = &c->bufs[n->buf];
@@ -732,7 +734,7 @@ static void block_transposes(cctx_t *c)
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
 		kernel_t *k = &c->kernels[ki];
 		if (k->is_row || k->is_gemm || k->is_fallback ||
-		    k->is_epilogue || k->frank < 2 ||
+		    k->is_scatter || k->is_epilogue || k->frank < 2 ||
 		    k->frank + 1 > CIR_MAX_RANK || k->n_members > 64)
 			continue;
 		struct tscan t = {c, (int32_t)ki, k, {0}};
@@ -807,12 +809,13 @@ int sched_graph(cctx_t *c)
 {
 	for (uint32_t ni = 0; ni < c->n_nodes; ni++) {
 		cnode_t *n = &c->nodes[ni];
-		if (n->gemm) {
+		if (n->gemm || n->scatter) {
 			kernel_t *k;
 			int rc = new_kernel(c, n, &k);
 			if (rc != 0)
 				return rc;
-			k->is_gemm = true;
+			k->is_gemm = n->gemm;
+			k->is_scatter = n->scatter;
 			k->is_row = false;
 			rc = add_member(c, k, ni, ROLE_FULL, n->body, NULL);
 			if (rc != 0)
@@ -865,7 +868,8 @@ int sched_graph(cctx_t *c)
 				       "scheduler: node %u fits no kernel", ni);
 	}
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++)
-		if (!c->kernels[ki].is_fallback && !c->kernels[ki].is_gemm)
+		if (!c->kernels[ki].is_fallback && !c->kernels[ki].is_gemm &&
+		    !c->kernels[ki].is_scatter)
 			make_passes(c, &c->kernels[ki]);
 	for (uint32_t ki = 0; ki < c->n_kernels; ki++) {
 		kernel_t *k = &c->kernels[ki];
@@ -1063,6 +1067,23 @@ char *sched_report(cctx_t *c)
 					  "cache)\n",
 					  c->kernels[ki + 1].name);
 			report_tune(c, &s, n->node);
+			continue;
+		}
+		if (k->is_scatter) {
+			const cnode_t *n = &c->nodes[k->members[0].node];
+			sb_printf(&s, "%s: scatter-add ", k->name);
+			sb_dims(c, &s, n->frank, n->fsizes, 0);
+			sb_printf(&s, " of ");
+			sb_dims(c, &s, n->ga->rank, n->ga->sizes, 0);
+			sb_printf(&s,
+				  " source rows, columns in blocks of %lld "
+				  "(a unit zeroes its columns and adds every "
+				  "row into them), buf%u%s  <- node %d %s\n",
+				  (long long)cg_scatter_cols(
+				      c, c->bufs[n->buf].dtype),
+				  n->buf,
+				  c->bufs[n->buf].is_output ? " (output)" : "",
+				  n->node, c->g->nodes[n->node].op);
 			continue;
 		}
 		if (k->is_gemm) {
@@ -1263,6 +1284,13 @@ char *sched_ir(cctx_t *c)
 		}
 		sb_printf(&s, "buf%u: %s ", n->buf, kiln_dtype_name(b->dtype));
 		sb_dims(c, &s, b->rank, b->sizes, 0);
+		if (n->scatter) {
+			sb_printf(&s,
+				  " = scatter-add of buf%u's rows at the "
+				  "indices in buf%u  ; node %d %s\n",
+				  n->gb->buf, n->ga->buf, n->node, op);
+			continue;
+		}
 		if (n->red != RED_NONE) {
 			sb_printf(&s, " = %s over ", red_names[n->red]);
 			sb_dims(c, &s, n->frank, n->fsizes, n->rmask);

@@ -332,7 +332,8 @@ def test_nearest_upsampling_runs_in_kiln_and_trains_like_eager(monkeypatch):
     # the forward's _unsafe_index (from the rows' and columns' float
     # arithmetic on arange) is kernels, not a torch step; the backward's
     # accumulating _unsafe_index_put, at 20² -> 40² too large a scatter for
-    # a dense reduction (kiln has no scatter kernel), is a torch step that
+    # a dense reduction (kiln's scatter kernel takes embedding gradients
+    # only), is a torch step that
     # the runtime runs as index_adds
     import kiln.backend as kb
     import kiln.runtime as rt
@@ -355,6 +356,38 @@ def test_nearest_upsampling_runs_in_kiln_and_trains_like_eager(monkeypatch):
     for r in fw:
         assert not r["fallback_ops"], r
     assert took and all(took), took
+    _no_fallback()
+
+
+class _EmbedNet(nn.Module):
+    """A language model's ends: an embedding of 8192 rows with a padding
+    row, and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(8192, 64, padding_idx=3)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids))).mean(1)
+
+
+def test_a_large_embedding_gradient_is_a_scatter_kernel_and_trains_like_eager():
+    # 8192 rows x 2·96 tokens x 64 columns is 100M (row, token) pairs, too
+    # many for the dense reduction: the backward's embedding_dense_backward
+    # is kiln's scatter-add kernel, not a torch step; repeated ids and the
+    # padding row among them
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    ids = _ids(12, (2, 96), 8192)
+    ids[0, :8] = 3
+    ids[1, 10:20] = ids[0, 30]
+    _train_like_eager(_EmbedNet(), (ids,))
+    bw = [r for r in kb.records() if r["kind"] == "backward"]
+    assert bw, kb.records()
+    for r in kb.records():
+        assert not r["fallback_ops"], r
     _no_fallback()
 
 

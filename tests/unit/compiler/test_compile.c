@@ -3181,49 +3181,188 @@ Test(dynamic, one_artifact_many_sizes_streaming)
 	dynamic_softmax_many_sizes();
 }
 
-/* ---- scatters: dense below a size, torch's above ------------------------- */
+/* ---- scatters: dense below a size, a scatter-add kernel above ------------ */
 
-/* embedding_dense_backward(grad [N, D], idx [N], V, -1, false) -> [V, D] */
-static kiln_graph_t *embedding_bw_graph(int64_t V, int64_t N, int64_t D)
+/* embedding_dense_backward(grad * 2, idx, V, pad, freq) -> [V, D], grad
+ * [I0, I1, D] of dtype dt, idx [I0, I1] i64; the gradient is a lazy
+ * product, so the scatter realizes its source */
+static kiln_graph_t *embedding_bw_graph_ex(const char *dt, int64_t V,
+					   int64_t I0, int64_t I1, int64_t D,
+					   int64_t pad, bool freq)
 {
 	gb_t b;
 	gb_init(&b);
 	graph_head(&b, 2);
-	spec2(&b, "f32", N, D);
-	const int64_t n1[1] = {N};
-	specn(&b, "i64", n1, 1);
+	const int64_t gs[3] = {I0, I1, D}, is[2] = {I0, I1};
+	specn(&b, dt, gs, 3);
+	specn(&b, "i64", is, 2);
 	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, 1);
-	node_head(&b, "aten.embedding_dense_backward.default", 5);
+	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.mul.Tensor", 2); /* value 2 */
 	ref(&b, 0);
-	ref(&b, 1);
-	msgpack_pack_int64(&b.pk, V);
-	msgpack_pack_int64(&b.pk, -1);
-	msgpack_pack_false(&b.pk);
+	msgpack_pack_double(&b.pk, 2.0);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
-	spec2(&b, "f32", V, D);
-	return end_graph(&b, 2, 1, "embedding backward");
+	specn(&b, dt, gs, 3);
+	node_head(&b, "aten.embedding_dense_backward.default", 5);
+	ref(&b, 2);
+	ref(&b, 1);
+	msgpack_pack_int64(&b.pk, V);
+	msgpack_pack_int64(&b.pk, pad);
+	if (freq)
+		msgpack_pack_true(&b.pk);
+	else
+		msgpack_pack_false(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, dt, V, D);
+	return end_graph(&b, 3, 1, "embedding backward");
 }
 
-/* kiln lowers a scatter as a reduction over every (output, source) pair:
- * an embedding gradient of a 512-row vocabulary is a kernel, one of an
- * [8192, 512] embedding over 512 tokens (2^31 pairs: 160 ms a training
- * step) a fallback step that torch runs, and the report says why. */
-Test(lowering, large_scatters_are_fallback_steps)
+static kiln_graph_t *embedding_bw_graph(int64_t V, int64_t N, int64_t D,
+					bool freq)
+{
+	return embedding_bw_graph_ex("f32", V, 1, N, D, -1, freq);
+}
+
+/* g compiled in the default mode and loaded (what names it in a failure) */
+static kiln_module_t *module_of(kiln_compiler_t *kc, const kiln_graph_t *g,
+				const char *what)
+{
+	char err[512];
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	cr_assert_eq(kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err)), 0,
+		     "%s: %s", what, err);
+	kiln_module_t *m = NULL;
+	cr_assert_eq(kiln_module_from_artifact(a, &m, err, sizeof(err)), 0,
+		     "%s: %s", what, err);
+	return m;
+}
+
+/* Runs an embedding_dense_backward graph (embedding_bw_graph_ex) on a
+ * gradient drawn from a seed and on indices that repeat, and expects the
+ * interpreter's result. With a padding row (pad >= 0) it runs again with
+ * every fifth index outside [0, V), past either end: torch raises there,
+ * and so does the interpreter, but kiln's kernels cannot, and skip the
+ * index, which must equal the interpreter's result with the padding row in
+ * its place. */
+static void check_embedding_bw(kiln_compiler_t *kc, const kiln_graph_t *g,
+			       int64_t V, int64_t pad, const char *what)
+{
+	char err[512];
+	kiln_module_t *m = module_of(kc, g, what);
+	kiln_tensor_t in[2];
+	for (uint32_t t = 0; t < 2; t++) {
+		const kiln_value_t *v = &g->values[t];
+		int64_t sz[KILN_MAX_RANK_HARD];
+		for (uint32_t k = 0; k < v->rank; k++)
+			sz[k] = v->sizes[k].c;
+		cr_assert_eq(
+		    kiln_td_tensor_alloc(&in[t], v->dtype, v->rank, sz), 0);
+	}
+	int64_t ng = in[0].sizes[0] * in[0].sizes[1] * in[0].sizes[2];
+	for (int64_t i = 0; i < ng; i++) {
+		double x = kiln_td_prng_uniform(31, (uint64_t)i, -1, 1);
+		if (in[0].dtype == KILN_DT_F64)
+			((double *)in[0].data)[i] = x;
+		else
+			((float *)in[0].data)[i] = (float)x;
+	}
+	int64_t ni = in[1].sizes[0] * in[1].sizes[1];
+	int64_t *idx = in[1].data;
+	for (int pass = 0; pass < (pad >= 0 ? 2 : 1); pass++) {
+		for (int64_t i = 0; i < ni; i++)
+			idx[i] = (i * 7919) % V;
+		if (pass == 1)
+			for (int64_t i = 0; i < ni; i += 5)
+				idx[i] = i % 2 ? V + i % 7 : -1 - i % 7;
+		kiln_io_t args[2] = {{KILN_IO_TENSOR, 0, in[0]},
+				     {KILN_IO_TENSOR, 0, in[1]}};
+		void *ob[1] = {NULL};
+		kiln_io_t out[1];
+		cr_assert_eq(kiln_module_run(m, args, 2, ob, out, NULL, err,
+					     sizeof(err)),
+			     0, "%s: %s", what, err);
+		if (pass == 1)
+			for (int64_t i = 0; i < ni; i += 5)
+				idx[i] = pad;
+		kiln_tensor_t want[1];
+		cr_assert_eq(kiln_interp_run(g, in, want, err, sizeof(err)), 0,
+			     "%s: interp: %s", what, err);
+		kiln_td_cmp_t cr;
+		cr_expect(kiln_td_compare(&out[0].t, &want[0], 1e-5, 1e-5, &cr),
+			  "%s%s: %s", what,
+			  pass ? " (indices out of range)" : "", cr.msg);
+		free(want[0].data);
+		free(ob[0]);
+	}
+	kiln_td_tensor_free(&in[0]);
+	kiln_td_tensor_free(&in[1]);
+	kiln_module_free(m);
+}
+
+/* kiln lowers a small scatter as a reduction over every (output, source)
+ * pair, fused with what surrounds it: an embedding gradient of a 512-row
+ * vocabulary. Past 2^22 pairs (an [8192, 512] embedding over 512 tokens is
+ * 2^31: 160 ms a training step as a reduction) the gradient is a
+ * scatter-add kernel, O(V·D + N·D), whose units own blocks of columns;
+ * scale_grad_by_freq there stays a fallback step that torch runs, and the
+ * report says why. */
+Test(lowering, large_embedding_gradients_are_scatter_kernels)
 {
 	kiln_compiler_t *kc = new_compiler();
-	kiln_graph_t *small = embedding_bw_graph(512, 32, 64);
+	kiln_graph_t *small = embedding_bw_graph(512, 32, 64, false);
 	expect_report_has(kc, small, "fallback", false, "[512, 64] of 32");
+	expect_report_has(kc, small, "scatter-add", false, "[512, 64] of 32");
 	kiln_graph_free(small);
-	kiln_graph_t *big = embedding_bw_graph(8192, 512, 512);
+	kiln_graph_t *big = embedding_bw_graph(8192, 512, 512, false);
+	expect_report_has(kc, big, "fallback", false, "[8192, 512] of 512");
 	expect_report_has(kc, big,
-			  "fallback step <- node 0 "
+			  "scatter-add [8192, 512] of [1, 512] source rows",
+			  true, "[8192, 512] of 512");
+	kiln_graph_free(big);
+	kiln_graph_t *freq = embedding_bw_graph(8192, 512, 512, true);
+	expect_report_has(kc, freq,
+			  "fallback step <- node 1 "
 			  "aten.embedding_dense_backward.default (run by "
 			  "torch: as a dense reduction it would visit more "
 			  "than 4194304 elements",
-			  true, "[8192, 512] of 512");
-	kiln_graph_free(big);
+			  true, "scale_grad_by_freq, [8192, 512] of 512");
+	kiln_graph_free(freq);
+	kiln_compiler_free(kc);
+}
+
+/* The scatter-add kernel against the interpreter: f32 and f64, a width
+ * that is not a multiple of the unit's columns or of a vector (a tail of
+ * each), one under a vector, 2-D indices with repeats, a padding row, and
+ * indices outside [0, V), which it skips. */
+Test(lowering, scatter_kernels_match_the_interpreter)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		const char *dt;
+		int64_t V, I0, I1, D, pad;
+	} cases[] = {
+	    {"f32", 4099, 3, 700, 100, 7}, {"f64", 4099, 3, 700, 100, -1},
+	    {"f32", 65536, 2, 300, 3, 11}, {"f32", 2053, 4, 513, 64, 0},
+	    {"f64", 3001, 2, 1024, 77, 5},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char what[96];
+		snprintf(what, sizeof(what), "%s V=%lld [%lld, %lld, %lld]",
+			 cases[i].dt, (long long)cases[i].V,
+			 (long long)cases[i].I0, (long long)cases[i].I1,
+			 (long long)cases[i].D);
+		kiln_graph_t *g = embedding_bw_graph_ex(
+		    cases[i].dt, cases[i].V, cases[i].I0, cases[i].I1,
+		    cases[i].D, cases[i].pad, false);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "scatter-add", true, what);
+		check_embedding_bw(kc, g, cases[i].V, cases[i].pad, what);
+		kiln_graph_free(g);
+	}
 	kiln_compiler_free(kc);
 }
 
@@ -3782,14 +3921,7 @@ static float *run_f32_graph_on(kiln_compiler_t *kc, gb_t *b, const char *what,
 {
 	kiln_graph_t *g = graph_from_json_like(what, &b->sb);
 	char err[512];
-	kiln_compile_opts_t opts;
-	memset(&opts, 0, sizeof(opts));
-	kiln_artifact_t *a = NULL;
-	cr_assert_eq(kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err)), 0,
-		     "%s: %s", what, err);
-	kiln_module_t *m = NULL;
-	cr_assert_eq(kiln_module_from_artifact(a, &m, err, sizeof(err)), 0,
-		     "%s", err);
+	kiln_module_t *m = module_of(kc, g, what);
 	kiln_tensor_t in;
 	int64_t sz[2] = {n0, n1};
 	cr_assert_eq(kiln_td_tensor_alloc(&in, KILN_DT_F32, 2, sz), 0);

@@ -178,12 +178,16 @@ typedef struct cnode {
 	 * B's blocks packed from gb */
 	const struct convspec *conv;
 	/* a scatter-add (ops_index.c lscatter, codegen.c gen_scatter_body):
-	 * buf[v, d] = sum over the positions q of the index view ga (rank
-	 * r) of gb[q, d] where ga[q] == v and v != scat_pad (NULL: no
-	 * padding row); gb a source buffer view of rank r + 1 with unit
-	 * stride along its last dim, buf [V, D] of its dtype (f32 or f64) */
+	 * buf[v, d] = base[v, d] + the sum over the positions q of the
+	 * index view ga (rank r) of gb[q, d] where ga[q] == v (ga[q] + V
+	 * where negative and scat_wrap) and v != scat_pad (NULL: no
+	 * padding row); gb a source buffer view of rank r + 1 and scat_base
+	 * one of rank 2 (NULL: zeros), both with unit stride along their
+	 * last dim and of buf's dtype (f32 or f64), buf [V, D] */
 	bool scatter;
+	bool scat_wrap;
 	const kiln_expr_t *scat_pad;
+	const struct lt *scat_base;
 } cnode_t;
 
 typedef struct convspec {

@@ -4806,10 +4806,12 @@ int64_t cg_scatter_cols(cctx_t *c, kiln_dtype_t dt)
 	return 4 * (dt == KILN_DT_F64 ? (w > 1 ? w / 2 : 1) : w);
 }
 
-/* Adds the columns [d0, d1) of a source row s into the output row o (or
- * stores zeros there where s is NULL): vectors of w, then one at a time. */
+/* Adds the columns [d0, d1) of a source row s into the output row o (add),
+ * or stores s's there (!add; zeros where s is NULL): vectors of w, then
+ * one at a time. */
 static void scatter_cols(gen_t *g, LLVMTypeRef et, int w, LLVMValueRef o,
-			 LLVMValueRef s, LLVMValueRef d0, LLVMValueRef d1)
+			 LLVMValueRef s, bool add, LLVMValueRef d0,
+			 LLVMValueRef d1)
 {
 	unsigned al =
 	    (unsigned)(LLVMGetTypeKind(et) == LLVMDoubleTypeKind ? 8 : 4);
@@ -4823,11 +4825,13 @@ static void scatter_cols(gen_t *g, LLVMTypeRef et, int w, LLVMValueRef o,
 		if (s != NULL) {
 			LLVMValueRef sp =
 			    LLVMBuildGEP2(g->b, et, s, &L.i, 1, "");
-			LLVMValueRef x = LLVMBuildLoad2(g->b, vt, sp, "");
+			v = LLVMBuildLoad2(g->b, vt, sp, "");
+			LLVMSetAlignment(v, al);
+		}
+		if (add) {
 			LLVMValueRef y = LLVMBuildLoad2(g->b, vt, op, "");
-			LLVMSetAlignment(x, al);
 			LLVMSetAlignment(y, al);
-			v = LLVMBuildFAdd(g->b, y, x, "");
+			v = LLVMBuildFAdd(g->b, y, v, "");
 		}
 		LLVMSetAlignment(LLVMBuildStore(g->b, v, op), al);
 		loop_end(g, &L);
@@ -4869,11 +4873,24 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	loop_begin(g, &U, begin, end, 1);
 	LLVMValueRef d0 = LLVMBuildMul(g->b, U.i, K64(g, cols), "");
 	LLVMValueRef d1 = imin(g, LLVMBuildAdd(g->b, d0, K64(g, cols), ""), D);
+	/* the unit's columns of every row: zeros, or base's */
+	const lt_t *bt = n->scat_base;
+	LLVMValueRef bp = NULL, bst = NULL;
+	if (bt != NULL) {
+		LLVMValueRef boff = emit_ix(g, ix_dim(c, bt->offset));
+		bp = LLVMBuildGEP2(g->b, et, buf_ptr(g, bt->buf), &boff, 1, "");
+		bst = emit_ix(g, ix_dim(c, bt->strides[0]));
+	}
 	loop_t Z;
 	loop_begin(g, &Z, K64(g, 0), V, 1);
 	LLVMValueRef zo = LLVMBuildMul(g->b, Z.i, D, "");
-	scatter_cols(g, et, w, LLVMBuildGEP2(g->b, et, op, &zo, 1, ""), NULL,
-		     d0, d1);
+	LLVMValueRef brow = NULL;
+	if (bp != NULL) {
+		LLVMValueRef bo = LLVMBuildMul(g->b, Z.i, bst, "");
+		brow = LLVMBuildGEP2(g->b, et, bp, &bo, 1, "");
+	}
+	scatter_cols(g, et, w, LLVMBuildGEP2(g->b, et, op, &zo, 1, ""), brow,
+		     false, d0, d1);
 	loop_end(g, &Z);
 	/* the source positions in order, nested loops over ix's dims */
 	loop_t Q[CIR_MAX_RANK];
@@ -4891,6 +4908,10 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		v = ix->dtype == KILN_DT_U8
 			? LLVMBuildZExt(g->b, v, g->i64, "")
 			: LLVMBuildSExt(g->b, v, g->i64, "");
+	if (n->scat_wrap)
+		v = LLVMBuildSelect(
+		    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, v, K64(g, 0), ""),
+		    LLVMBuildAdd(g->b, v, V, ""), v, "");
 	LLVMValueRef ok = LLVMBuildAnd(
 	    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, v, K64(g, 0), ""),
 	    LLVMBuildICmp(g->b, LLVMIntSLT, v, V, ""), "");
@@ -4905,7 +4926,7 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMPositionBuilderAtEnd(g->b, add);
 	LLVMValueRef ro = LLVMBuildMul(g->b, v, D, "");
 	scatter_cols(g, et, w, LLVMBuildGEP2(g->b, et, op, &ro, 1, ""),
-		     LLVMBuildGEP2(g->b, et, sp, &so, 1, ""), d0, d1);
+		     LLVMBuildGEP2(g->b, et, sp, &so, 1, ""), true, d0, d1);
 	LLVMBuildBr(g->b, next);
 	LLVMPositionBuilderAtEnd(g->b, next);
 	for (uint32_t k = r; k-- > 0;)
@@ -5012,6 +5033,8 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 		add_arg(g, sn->buf);
 		add_arg(g, sn->ga->buf);
 		add_arg(g, sn->gb->buf);
+		if (sn->scat_base != NULL)
+			add_arg(g, sn->scat_base->buf);
 		scatter_extent(c, k);
 	} else {
 		kernel_extent(c, k);

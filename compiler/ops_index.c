@@ -17,9 +17,10 @@
  * reduced over the source dims. That is O(outputs × sources) work, fine for
  * small graphs (a 512-row embedding gradient of 32 tokens is 1M
  * multiply-adds), and it fuses with what surrounds it. Past
- * VREDUCE_MAX_WORK an embedding gradient is a scatter-add node (lscatter:
- * its own kernel, O(outputs + sources)), and the other scatters a fallback
- * step (torch's scatter). A plain scatter
+ * VREDUCE_MAX_WORK a scatter of whole rows of a matrix (an embedding
+ * gradient, index_put of rows, scatter_add of rows) is a scatter-add node
+ * (lscatter: its own kernel, O(outputs + sources)), and the other scatters
+ * a fallback step (torch's scatter). A plain scatter
  * (not accumulating) keeps torch's sequential "last write wins" exactly: a
  * max reduction finds the last matching source position, then a dyn load
  * reads that one source element.
@@ -257,31 +258,56 @@ int low_embedding(cctx_t *c, lnode_t *n)
 			  sx_where(c, ok, v, zero(c, w->dtype))));
 }
 
-/* The scatter-add node of out [V, D] (dtype dt, f32 or f64) = Σ over the
- * positions q of ix of src[q, :] into row ix[q] (rows outside [0, V) and
- * the row pad, when not NULL, take nothing): src [ix.shape..., D] becomes
- * a buffer of dtype dt with unit stride along D, ix a buffer view. The
- * kernel (codegen.c gen_scatter_body) splits D among its units, each of
- * which zeroes its columns and adds every source row's into them, so it is
- * O(V·D + N·D) where the dense reduction is O(V·N·D). */
-static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V,
-		    const kiln_expr_t *pad, kiln_dtype_t dt, lt_t **out)
+/* t as a buffer view of dtype dt with unit stride along its last dim (a
+ * copy where it is not one) */
+static int unit_rows(lnode_t *n, lt_t *t, kiln_dtype_t dt, lt_t **out)
+{
+	uint32_t r = t->rank;
+	if (t->is_buf && t->dtype == dt && dim_is(t->strides[r - 1], 1)) {
+		*out = t;
+		return 0;
+	}
+	lt_t *u = lt_fn(n->c, dt, r, t->sizes,
+			sx_cast(n->c, lt_body(n->c, t), compute_dtype(dt)));
+	if (u == NULL)
+		return -ENOMEM;
+	return lt_realize(n->c, u, (int32_t)n->index, out);
+}
+
+/* A scatter-add's spec beyond its index and source (cnode_t.scatter). */
+typedef struct scat {
+	lt_t *base;		/* [V, D] added to, or NULL: zeros */
+	const kiln_expr_t *pad; /* the row that takes nothing, or NULL */
+	bool wrap;		/* a negative index counts from V */
+} scat_t;
+
+/* The scatter-add node of out [V, D] (dtype dt, f32 or f64) = base +
+ * Σ over the positions q of ix of src[q, :] into row ix[q] (an index
+ * outside [0, V) after wrapping, and the row pad, take nothing): src
+ * [ix.shape..., D] and base become buffers of dtype dt with unit stride
+ * along D, ix a buffer view. The kernel (codegen.c gen_scatter_body)
+ * splits D among its units, each of which zeroes its columns (or copies
+ * base's) and adds every source row's into them, so it is O(V·D + N·D)
+ * where the dense reduction is O(V·N·D). */
+static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V, scat_t sp,
+		    kiln_dtype_t dt, lt_t **out)
 {
 	cctx_t *c = n->c;
 	uint32_t r = src->rank;
+	/* a base of zeros (new_zeros before index_put: the gradient of
+	 * weight[ids]) is the kernel's own zeroing */
+	if (sp.base != NULL && !sp.base->is_buf &&
+	    sp.base->body->kind == SX_CONST &&
+	    (kiln_dtype_is_float(sp.base->dtype) ? sp.base->body->k.f == 0
+						 : sp.base->body->k.i == 0))
+		sp.base = NULL;
 	int rc = as_buf(n, ix, &ix);
+	if (rc == 0)
+		rc = unit_rows(n, src, dt, &src);
+	if (rc == 0 && sp.base != NULL)
+		rc = unit_rows(n, sp.base, dt, &sp.base);
 	if (rc != 0)
 		return rc;
-	if (!src->is_buf || src->dtype != dt ||
-	    !dim_is(src->strides[r - 1], 1)) {
-		lt_t *u = lt_fn(c, dt, r, src->sizes,
-				sx_cast(c, lt_body(c, src), compute_dtype(dt)));
-		if (u == NULL)
-			return -ENOMEM;
-		rc = lt_realize(c, u, (int32_t)n->index, &src);
-		if (rc != 0)
-			return rc;
-	}
 	kiln_dim_t sz[2] = {V, src->sizes[r - 1]};
 	uint32_t buf = new_buf(c, CB_TEMP, dt, 2, sz);
 	int32_t ni = new_cnode(c);
@@ -292,7 +318,9 @@ static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V,
 	cn->scatter = true;
 	cn->ga = ix;
 	cn->gb = src;
-	cn->scat_pad = pad;
+	cn->scat_pad = sp.pad;
+	cn->scat_wrap = sp.wrap;
+	cn->scat_base = sp.base;
 	cn->node = (int32_t)n->index;
 	cn->frank = 2;
 	cn->fsizes[0] = sz[0];
@@ -303,6 +331,28 @@ static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V,
 	c->bufs[buf].producer = ni;
 	*out = lt_buf(c, buf);
 	return *out ? 0 : -ENOMEM;
+}
+
+/* t's first d dims, at position 0 of the others, as a buffer view (a copy
+ * of t's elements restricted to sizes sz where t is lazy). */
+static lt_t *lead_view(cctx_t *c, const lt_t *t, uint32_t d,
+		       const kiln_dim_t *sz)
+{
+	if (!t->is_buf) {
+		const kiln_expr_t *idx[CIR_MAX_RANK];
+		for (uint32_t k = 0; k < t->rank; k++)
+			idx[k] = k < d ? ix_var(c, k) : ix_const(c, 0);
+		return lt_fn(c, t->dtype, d, sz, lt_at(c, t, idx));
+	}
+	lt_t *u = lt_new(c, t->dtype, d, sz);
+	if (u == NULL)
+		return NULL;
+	u->is_buf = true;
+	u->buf = t->buf;
+	u->offset = t->offset;
+	for (uint32_t k = 0; k < d; k++)
+		u->strides[k] = t->strides[k];
+	return u;
 }
 
 /* embedding_dense_backward(grad [I..., D], indices [I...], V, padding_idx,
@@ -358,7 +408,8 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 		/* a language model's: a scatter-add kernel, not the
 		 * O(V·N·D) reduction */
 		lt_t *s;
-		rc = lscatter(n, ix, g, vsz[0], pad, odt, &s);
+		scat_t sp = {NULL, pad, false};
+		rc = lscatter(n, ix, g, vsz[0], sp, odt, &s);
 		return rc != 0 ? rc : lset(n, 0, s);
 	}
 	const sx_t *row = sx_index(c, ix_var(c, 0));
@@ -593,6 +644,22 @@ int low_scatter(cctx_t *c, lnode_t *n)
 	const sx_t *match =
 	    and2(c, inb, sx_bin(c, OP_EQ, iv, sx_index(c, ix_var(c, ud))));
 	lt_t *red;
+	if (n->param == 2 && r == 2 && ud == 0 &&
+	    (dt == KILN_DT_F32 || dt == KILN_DT_F64) && ix->is_buf &&
+	    dim_is(ix->strides[1], 0) && dim_eq(ix->sizes[1], x->sizes[1]) &&
+	    vwork_over(c, r + 1, vsz)) {
+		/* rows scattered whole (a graph network's messages summed
+		 * per node: index.view(-1, 1).expand_as(src)): a
+		 * scatter-add kernel onto self */
+		kiln_dim_t esz[2] = {ix->sizes[0], x->sizes[1]};
+		lt_t *i1 = lead_view(c, ix, 1, esz);
+		lt_t *s2 = lead_view(c, src, 2, esz);
+		if (i1 == NULL || s2 == NULL)
+			return -ENOMEM;
+		scat_t sp = {x, NULL, true};
+		rc = lscatter(n, i1, s2, x->sizes[0], sp, dt, &red);
+		return rc != 0 ? rc : lset(n, 0, red);
+	}
 	if (n->param == 2) {
 		const sx_t *sv = sx_cast(c, lt_at(c, src, qpos), acc);
 		if (inb != NULL)
@@ -929,6 +996,24 @@ int low_index(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, x->dtype, p.rank, p.sizes, v));
 }
 
+/* Whether index_put's plan p indexes whole rows of a matrix x: one index
+ * tensor, on dim 0, of x's f32 or f64, and values of the indexed shape
+ * (B..., D) with nothing broadcast. */
+static bool put_rows(const lt_t *x, const iplan_t *p, const lt_t *vals)
+{
+	if (x->rank != 2 || p->ix[0] == NULL || p->ix[1] != NULL ||
+	    (x->dtype != KILN_DT_F32 && x->dtype != KILN_DT_F64) ||
+	    vals->rank != p->rank || p->first != 0 || p->ix[0]->rank != p->br)
+		return false;
+	for (uint32_t k = 0; k < p->br; k++)
+		if (!dim_eq(p->ix[0]->sizes[k], p->bs[k]))
+			return false;
+	for (uint32_t k = 0; k < vals->rank; k++)
+		if (!dim_eq(vals->sizes[k], p->sizes[k]))
+			return false;
+	return true;
+}
+
 /* index_put(self, indices, values, accumulate), with R = self[indices]'s
  * shape (B and the plain dims) and values broadcast to R, over the virtual
  * [p..., b...] (p: self's dims, b: B's):
@@ -1001,6 +1086,14 @@ int low_index_put(cctx_t *c, lnode_t *n)
 	kiln_dtype_t dt = x->dtype, acc = compute_dtype(dt);
 	const sx_t *self = sx_cast(c, lt_body(c, x), acc);
 	lt_t *red;
+	if (accum && put_rows(x, &p, vals) && vwork_over(c, xr + p.br, vsz)) {
+		/* x[index] += values over whole rows of a matrix (the
+		 * gradient of weight[ids]): a scatter-add kernel onto self */
+		scat_t sp = {x, NULL, true};
+		rc = lscatter(n, (lt_t *)p.ix[0], vals, x->sizes[0], sp, dt,
+			      &red);
+		return rc != 0 ? rc : lset(n, 0, red);
+	}
 	if (accum) {
 		const sx_t *vv =
 		    sx_cast(c, bc_at(c, vals, p.rank, p.sizes, rpos), acc);

@@ -823,6 +823,9 @@ int sched_graph(cctx_t *c)
 			int32_t ki = (int32_t)(k - c->kernels);
 			sched_mark_fallback_input(c, n->ga->buf, ki);
 			sched_mark_fallback_input(c, n->gb->buf, ki);
+			if (n->scat_base != NULL)
+				sched_mark_fallback_input(c, n->scat_base->buf,
+							  ki);
 			c->bufs[n->buf].in_memory = true;
 			continue;
 		}

@@ -361,22 +361,24 @@ def test_nearest_upsampling_runs_in_kiln_and_trains_like_eager(monkeypatch):
 
 class _EmbedNet(nn.Module):
     """A language model's ends: an embedding of 8192 rows with a padding
-    row, and a head."""
+    row, a table of 4096 rows indexed directly (its gradient an
+    accumulating index_put), and a head."""
 
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(8192, 64, padding_idx=3)
+        self.table = nn.Parameter(torch.randn(4096, 64) * 0.1)
         self.head = nn.Linear(64, 10)
 
     def forward(self, ids):
-        return self.head(torch.tanh(self.emb(ids))).mean(1)
+        return self.head(torch.tanh(self.emb(ids) + self.table[ids % 4096])).mean(1)
 
 
 def test_a_large_embedding_gradient_is_a_scatter_kernel_and_trains_like_eager():
     # 8192 rows x 2·96 tokens x 64 columns is 100M (row, token) pairs, too
     # many for the dense reduction: the backward's embedding_dense_backward
-    # is kiln's scatter-add kernel, not a torch step; repeated ids and the
-    # padding row among them
+    # and the table's index_put are kiln's scatter-add kernels, not torch
+    # steps; repeated ids and the padding row among them
     import kiln.backend as kb
     kb.reset()
     torch.manual_seed(0)

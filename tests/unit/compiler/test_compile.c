@@ -3303,6 +3303,170 @@ static void check_embedding_bw(kiln_compiler_t *kc, const kiln_graph_t *g,
 	kiln_module_free(m);
 }
 
+/* Runs g on inputs of their declared shapes: floats drawn from a seed,
+ * integer indices (i · 7919) mod 2V − V, in [−V, V) (a negative one
+ * counts from V), and expects the interpreter's outputs (one). */
+static void check_scatter_graph(kiln_compiler_t *kc, const kiln_graph_t *g,
+				int64_t V, const char *what)
+{
+	char err[512];
+	kiln_module_t *m = module_of(kc, g, what);
+	uint32_t nin = g->n_inputs;
+	kiln_tensor_t in[4];
+	kiln_io_t args[4];
+	cr_assert(nin <= 4);
+	for (uint32_t t = 0; t < nin; t++) {
+		const kiln_value_t *v = &g->values[t];
+		int64_t sz[KILN_MAX_RANK_HARD], cnt = 1;
+		for (uint32_t k = 0; k < v->rank; k++)
+			cnt *= sz[k] = v->sizes[k].c;
+		cr_assert_eq(
+		    kiln_td_tensor_alloc(&in[t], v->dtype, v->rank, sz), 0);
+		for (int64_t i = 0; i < cnt; i++) {
+			double x =
+			    kiln_td_prng_uniform(40 + t, (uint64_t)i, -1, 1);
+			if (v->dtype == KILN_DT_F64)
+				((double *)in[t].data)[i] = x;
+			else if (v->dtype == KILN_DT_F32)
+				((float *)in[t].data)[i] = (float)x;
+			else
+				((int64_t *)in[t].data)[i] =
+				    (i * 7919) % (2 * V) - V;
+		}
+		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
+	}
+	void *ob[1] = {NULL};
+	kiln_io_t out[1];
+	cr_assert_eq(
+	    kiln_module_run(m, args, nin, ob, out, NULL, err, sizeof(err)), 0,
+	    "%s: %s", what, err);
+	kiln_tensor_t want[1];
+	cr_assert_eq(kiln_interp_run(g, in, want, err, sizeof(err)), 0,
+		     "%s: interp: %s", what, err);
+	kiln_td_cmp_t cr;
+	cr_expect(kiln_td_compare(&out[0].t, &want[0], 1e-5, 1e-5, &cr),
+		  "%s: %s", what, cr.msg);
+	free(want[0].data);
+	free(ob[0]);
+	for (uint32_t t = 0; t < nin; t++)
+		kiln_td_tensor_free(&in[t]);
+	kiln_module_free(m);
+}
+
+/* scatter_add(self [V, D], 0, idx [E] viewed [E, 1] and expanded to [E,
+ * D], src [E, D]): a graph network's messages summed per node */
+static kiln_graph_t *scatter_rows_graph(const char *dt, int64_t V, int64_t E,
+					int64_t D)
+{
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 3);
+	spec2(&b, dt, V, D);
+	spec2(&b, dt, E, D);
+	const int64_t e1[1] = {E};
+	specn(&b, "i64", e1, 1);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 3);
+	node_head(&b, "aten.view.default", 2); /* value 3 */
+	ref(&b, 2);
+	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_int64(&b.pk, E);
+	msgpack_pack_int64(&b.pk, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "i64", E, 1);
+	node_head(&b, "aten.expand.default", 2); /* value 4 */
+	ref(&b, 3);
+	msgpack_pack_array(&b.pk, 2);
+	msgpack_pack_int64(&b.pk, E);
+	msgpack_pack_int64(&b.pk, D);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "i64", E, D);
+	node_head(&b, "aten.scatter_add.default", 4); /* value 5 */
+	ref(&b, 0);
+	msgpack_pack_int64(&b.pk, 0);
+	ref(&b, 4);
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, dt, V, D);
+	return end_graph(&b, 5, 1, "scatter_add of rows");
+}
+
+/* index_put(self [V, D], [idx [I0, I1]], vals [I0, I1, D], accumulate):
+ * the gradient of weight[ids] */
+static kiln_graph_t *index_put_rows_graph(const char *dt, int64_t V, int64_t I0,
+					  int64_t I1, int64_t D)
+{
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 3);
+	spec2(&b, dt, V, D);
+	spec2(&b, "i64", I0, I1);
+	const int64_t v3[3] = {I0, I1, D};
+	specn(&b, dt, v3, 3);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.index_put.default", 4); /* value 3 */
+	ref(&b, 0);
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 1);
+	ref(&b, 2);
+	msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, dt, V, D);
+	return end_graph(&b, 3, 1, "index_put of rows");
+}
+
+/* A large scatter_add of whole rows and an accumulating index_put of whole
+ * rows are scatter-add kernels onto self, against the interpreter:
+ * negative indices count from V; small ones stay dense reductions. */
+Test(lowering, row_scatters_onto_self_are_scatter_kernels)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		const char *dt;
+		int64_t V, E, D;
+	} sc[] = {{"f32", 3001, 2000, 70}, {"f64", 1000, 5000, 17}};
+	for (size_t i = 0; i < sizeof(sc) / sizeof(sc[0]); i++) {
+		char what[80];
+		snprintf(what, sizeof(what),
+			 "scatter_add %s V=%lld E=%lld D=%lld", sc[i].dt,
+			 (long long)sc[i].V, (long long)sc[i].E,
+			 (long long)sc[i].D);
+		kiln_graph_t *g =
+		    scatter_rows_graph(sc[i].dt, sc[i].V, sc[i].E, sc[i].D);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "scatter-add", true, what);
+		check_scatter_graph(kc, g, sc[i].V, what);
+		kiln_graph_free(g);
+	}
+	kiln_graph_t *small = scatter_rows_graph("f32", 16, 20, 8);
+	expect_report_has(kc, small, "scatter-add", false, "small scatter_add");
+	check_scatter_graph(kc, small, 16, "small scatter_add");
+	kiln_graph_free(small);
+	static const struct {
+		const char *dt;
+		int64_t V, I0, I1, D;
+	} ip[] = {{"f32", 4001, 3, 400, 96}, {"f64", 2000, 2, 999, 5}};
+	for (size_t i = 0; i < sizeof(ip) / sizeof(ip[0]); i++) {
+		char what[80];
+		snprintf(what, sizeof(what),
+			 "index_put %s V=%lld [%lld, %lld, %lld]", ip[i].dt,
+			 (long long)ip[i].V, (long long)ip[i].I0,
+			 (long long)ip[i].I1, (long long)ip[i].D);
+		kiln_graph_t *g = index_put_rows_graph(
+		    ip[i].dt, ip[i].V, ip[i].I0, ip[i].I1, ip[i].D);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "scatter-add", true, what);
+		check_scatter_graph(kc, g, ip[i].V, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* kiln lowers a small scatter as a reduction over every (output, source)
  * pair, fused with what surrounds it: an embedding gradient of a 512-row
  * vocabulary. Past 2^22 pairs (an [8192, 512] embedding over 512 tokens is

@@ -713,3 +713,113 @@ int low_hardsigmoid_backward(cctx_t *c, lnode_t *n)
 {
 	return act_backward(c, n, 4);
 }
+
+/* _weight_norm_interface(v, g, dim) -> (w, norms) (param 0) and
+ * _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms,
+ * dim) -> (grad_v, grad_g) (param 1), as torch's CPU kernels, over the
+ * slices of v along dim (g and norms: v's shape with 1 elsewhere):
+ *   norms  = sqrt(Σ v²) over every dim but dim
+ *   w      = v · (g / norms)
+ *   grad_g = Σ grad_w · v / norms
+ *   grad_v = g / norms · (grad_w − v · (grad_g / norms)) */
+int low_weight_norm(cctx_t *c, lnode_t *n)
+{
+	bool bw = n->param == 1;
+	lt_t *gw0 = NULL, *v0, *g0, *nt0 = NULL;
+	int64_t d;
+	uint32_t p = bw ? 1 : 0, ud;
+	int rc = bw ? ltensor(n, 0, "grad_w", &gw0) : 0;
+	if (rc == 0)
+		rc = ltensor(n, p, bw ? "saved_v" : "v", &v0);
+	if (rc == 0)
+		rc = ltensor(n, p + 1, bw ? "saved_g" : "g", &g0);
+	if (rc == 0 && bw)
+		rc = ltensor(n, 3, "saved_norms", &nt0);
+	if (rc == 0)
+		rc = lint(n, bw ? 4 : 2, "dim", 0, &d);
+	if (rc != 0)
+		return rc;
+	uint32_t r = v0->rank;
+	if (r == 0)
+		return lerr(n, KILN_EINVGRAPH, "v must have a dim");
+	if (!kiln_dtype_is_float(v0->dtype))
+		return lerr(n, KILN_EINVGRAPH, "v must be floating, not %s",
+			    kiln_dtype_name(v0->dtype));
+	rc = ldim(n, d, r, &ud);
+	if (rc != 0)
+		return rc;
+	const lt_t *chk[3] = {g0, nt0, gw0};
+	const char *names[3] = {"g", "norms", "grad_w"};
+	for (uint32_t i = 0; i < 3; i++) {
+		const lt_t *t = chk[i];
+		if (t == NULL)
+			continue;
+		bool ok = t->rank == r;
+		for (uint32_t k = 0; k < r && ok; k++)
+			ok = i == 2 || k == ud
+				 ? dim_eq(t->sizes[k], v0->sizes[k])
+				 : dim_is(t->sizes[k], 1);
+		if (!ok)
+			return lerr(n, KILN_EINVGRAPH,
+				    "%s must have v's shape%s", names[i],
+				    i == 2 ? ""
+					   : " with 1 in every dim but dim");
+	}
+	kiln_dtype_t acc = compute_dtype(v0->dtype);
+	lt_t *v = as_dt(c, v0, acc);
+	if (v == NULL)
+		return -ENOMEM;
+	uint32_t mask = (uint32_t)((1ull << r) - 1) & ~(1u << ud);
+	const sx_t *vb = lt_body(c, v);
+	const sx_t *gb = sx_cast(c, lt_bcast_body(c, g0, r, v->sizes), acc);
+	if (!bw) {
+		lt_t *sq =
+		    lt_fn(c, acc, r, v->sizes, sx_bin(c, OP_MUL, vb, vb));
+		lt_t *ss;
+		if (sq == NULL)
+			return -ENOMEM;
+		rc = mask ? lred(n, sq, mask, true, RED_SUM, acc, &ss) : 0;
+		if (rc != 0)
+			return rc;
+		if (mask == 0)
+			ss = sq;
+		lt_t *norms = lt_fn(c, acc, ss->rank, ss->sizes,
+				    sx_un(c, OP_SQRT, lt_body(c, ss)));
+		if (norms == NULL)
+			return -ENOMEM;
+		const sx_t *w =
+		    sx_bin(c, OP_MUL, vb,
+			   sx_bin(c, OP_DIV, gb,
+				  lt_bcast_body(c, norms, r, v->sizes)));
+		rc = lset(n, 0,
+			  lt_fn(c, decl_dt(n, 0, v0->dtype), r, v->sizes, w));
+		if (rc == 0 && n->n->n_out > 1)
+			rc = lset(n, 1, as_dt(c, norms, decl_dt(n, 1, acc)));
+		return rc;
+	}
+	const sx_t *gwb = sx_cast(c, lt_body(c, gw0), acc);
+	const sx_t *nb = sx_cast(c, lt_bcast_body(c, nt0, r, v->sizes), acc);
+	lt_t *prod = lt_fn(c, acc, r, v->sizes, sx_bin(c, OP_MUL, gwb, vb));
+	lt_t *ps;
+	if (prod == NULL)
+		return -ENOMEM;
+	rc = mask ? lred(n, prod, mask, true, RED_SUM, acc, &ps) : 0;
+	if (rc != 0)
+		return rc;
+	if (mask == 0)
+		ps = prod;
+	lt_t *gg = lt_fn(c, acc, ps->rank, ps->sizes,
+			 sx_bin(c, OP_DIV, lt_body(c, ps),
+				sx_cast(c, lt_body(c, nt0), acc)));
+	if (gg == NULL)
+		return -ENOMEM;
+	const sx_t *ggb = lt_bcast_body(c, gg, r, v->sizes);
+	const sx_t *gv =
+	    sx_bin(c, OP_MUL, sx_bin(c, OP_DIV, gb, nb),
+		   sx_bin(c, OP_SUB, gwb,
+			  sx_bin(c, OP_MUL, vb, sx_bin(c, OP_DIV, ggb, nb))));
+	rc = lset(n, 0, lt_fn(c, decl_dt(n, 0, v0->dtype), r, v->sizes, gv));
+	if (rc == 0 && n->n->n_out > 1)
+		rc = lset(n, 1, as_dt(c, gg, decl_dt(n, 1, g0->dtype)));
+	return rc;
+}

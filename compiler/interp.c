@@ -948,6 +948,8 @@ static const opdef_t optab[] = {
     OPS("native_batch_norm_backward.default", batch_norm_bw, 0),
     OPS("native_group_norm.default", group_norm, 0),
     OPS("native_group_norm_backward.default", group_norm_bw, 0),
+    OPS("_weight_norm_interface.default", weight_norm, 0),
+    OPS("_weight_norm_interface_backward.default", weight_norm, 1),
     /* views (interp_ops.c) */
     OPS("view.default", view, VW_VIEW),
     OPS("_unsafe_view.default", view, VW_VIEW),

@@ -1109,3 +1109,85 @@ int kiln__op_group_norm_bw(ictx_t *c, int code)
 	free(db);
 	return rc;
 }
+
+/* _weight_norm_interface(v, g, dim) -> (w, norms) (code 0) and
+ * _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms,
+ * dim) -> (grad_v, grad_g) (code 1), over the slices of v along dim (g and
+ * norms: v's shape with 1 elsewhere):
+ *   norms  = sqrt(Σ v²) over every dim but dim
+ *   w      = v · (g / norms)
+ *   grad_g = Σ grad_w · v / norms
+ *   grad_v = g / norms · (grad_w − v · (grad_g / norms)) */
+int kiln__op_weight_norm(ictx_t *c, int code)
+{
+	bool bw = code == 1;
+	it_t *gw = NULL, *v, *g, *nt = NULL;
+	int64_t d;
+	int p = bw ? 1 : 0;
+	if (bw)
+		KI_TRY(kiln__i_tensor(c, 0, "grad_w", &gw));
+	KI_TRY(kiln__i_tensor(c, p, bw ? "saved_v" : "v", &v));
+	KI_TRY(kiln__i_tensor(c, p + 1, bw ? "saved_g" : "g", &g));
+	if (bw)
+		KI_TRY(kiln__i_tensor(c, 3, "saved_norms", &nt));
+	KI_TRY(kiln__i_int(c, bw ? 4 : 2, "dim", 0, &d));
+	KI_TRY(need_float(c, v, "v"));
+	if (v->rank == 0)
+		return kiln__i_bad(c, "v must have a dim");
+	uint32_t ud;
+	KI_TRY(kiln__i_dim(c, d, v->rank, &ud));
+	int64_t gs[KI_MAXR], S = v->size[ud], inner = 1, outer = 1;
+	for (uint32_t k = 0; k < v->rank; k++) {
+		gs[k] = k == ud ? S : 1;
+		if (k < ud)
+			outer *= v->size[k];
+		else if (k > ud)
+			inner *= v->size[k];
+	}
+	KI_TRY(kiln__i_need_shape(c, g, "g", v->rank, gs));
+	if (bw) {
+		KI_TRY(kiln__i_need_shape(c, gw, "grad_w", v->rank, v->size));
+		KI_TRY(kiln__i_need_shape(c, nt, "saved_norms", v->rank, gs));
+	}
+	double *vv = NULL, *gv = NULL, *wv = NULL, *nv = NULL;
+	double *sum = ki_dcalloc(S);
+	int rc = sum ? 0 : kiln__i_oom(c);
+	if (rc == 0)
+		rc = kiln__i_to_f(c, v, &vv);
+	if (rc == 0)
+		rc = kiln__i_to_f(c, g, &gv);
+	if (rc == 0 && bw)
+		rc = kiln__i_to_f(c, gw, &wv);
+	if (rc == 0 && bw)
+		rc = kiln__i_to_f(c, nt, &nv);
+	for (int64_t o = 0; rc == 0 && o < outer; o++)
+		for (int64_t s = 0; s < S; s++)
+			for (int64_t i = 0; i < inner; i++) {
+				int64_t e = (o * S + s) * inner + i;
+				sum[s] += bw ? wv[e] * vv[e] : vv[e] * vv[e];
+			}
+	for (int64_t s = 0; rc == 0 && s < S; s++)
+		sum[s] = bw ? sum[s] / nv[s] : sqrt(sum[s]);
+	for (int64_t o = 0; rc == 0 && o < outer; o++)
+		for (int64_t s = 0; s < S; s++)
+			for (int64_t i = 0; i < inner; i++) {
+				int64_t e = (o * S + s) * inner + i;
+				vv[e] =
+				    bw ? gv[s] / nv[s] *
+					     (wv[e] - vv[e] * (sum[s] / nv[s]))
+				       : vv[e] * (gv[s] / sum[s]);
+			}
+	if (rc == 0)
+		rc = kiln__i_from_f(c, &c->out[0], v->dt, v->rank, v->size, vv);
+	kiln_dtype_t sdt = bw			  ? g->dt
+			   : v->dt == KILN_DT_F64 ? KILN_DT_F64
+						  : KILN_DT_F32;
+	if (rc == 0)
+		rc = kiln__i_from_f(c, &c->out[1], sdt, v->rank, gs, sum);
+	free(vv);
+	free(gv);
+	free(wv);
+	free(nv);
+	free(sum);
+	return rc;
+}

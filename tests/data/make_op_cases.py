@@ -635,6 +635,24 @@ def build_norms():
         g, x, m, r, w, 2, 6, 6, 3, [True, True, True]), U(2, 6, 3, 2), xg, mg, rg, wg)
     case(op, "noweight", lambda g, x, m, r: A.native_group_norm_backward.default(
         g, x, m, r, None, 2, 6, 6, 3, [True, False, False]), U(2, 6, 3, 2), xg, mg, rg)
+    seed("weight_norm")
+    for op in ["_weight_norm_interface", "_weight_norm_interface_backward"]:
+        ACC.add(op)
+    op = "_weight_norm_interface"
+    vw, gw = U(4, 3, 5), P(4, 1, 1)
+    case(op, "dim0", lambda v, g: A._weight_norm_interface.default(v, g, 0), vw, gw)
+    vl, gl = U(6, 3, 5), P(1, 1, 5)
+    case(op, "last", lambda v, g: A._weight_norm_interface.default(v, g, 2), vl, gl)
+    case(op, "rank2_last", lambda v, g: A._weight_norm_interface.default(v, g, 1), U(5, 4), P(1, 4))
+    case(op, "f64", lambda v, g: A._weight_norm_interface.default(v, g, 0), U(4, 7, dt=f64),
+         P(4, 1, dt=f64))
+    op = "_weight_norm_interface_backward"
+    _, nw = A._weight_norm_interface.default(vw, gw, 0)
+    case(op, "dim0", lambda gr, v, g, n: A._weight_norm_interface_backward.default(gr, v, g, n, 0),
+         U(4, 3, 5), vw, gw, nw)
+    _, nl = A._weight_norm_interface.default(vl, gl, 2)
+    case(op, "last", lambda gr, v, g, n: A._weight_norm_interface_backward.default(gr, v, g, n, 2),
+         U(6, 3, 5), vl, gl, nl)
     seed("pw_bw")
     op = "gelu_backward"
     case(op, "none", A.gelu_backward.default, U(3, 4), U(3, 4, lo=-4, hi=4))
@@ -1262,6 +1280,25 @@ def bad_cases():
            graph1([f23], [node("aten.new_empty_strided.default", [R0, [2, 3], [3]], [f23])],
                   [R1]),
            [z23], "invalid_graph", "stride has 1 entries for 2 dims")
+    # _weight_norm_interface(_backward): g or saved_norms not of v's shape
+    # with 1 in every dim but dim, an integer v
+    f45, f41, f31 = spec("f32", [4, 5]), spec("f32", [4, 1]), spec("f32", [3, 1])
+    yield ("weight_norm_g_shape",
+           graph1([f45, f31], [node("aten._weight_norm_interface.default", [R0, R1, 0], [f45, f31])],
+                  [R2]),
+           [zeros_entry("f32", [4, 5]), zeros_entry("f32", [3, 1])], "invalid_graph",
+           "g has shape [3,1], expected [4,1]")
+    yield ("weight_norm_v_int",
+           graph1([spec("i64", [4, 5]), f41],
+                  [node("aten._weight_norm_interface.default", [R0, R1, 0], [f45, f41])], [R2]),
+           [zeros_entry("i64", [4, 5]), zeros_entry("f32", [4, 1])], "invalid_graph",
+           "v must be floating, not i64")
+    yield ("weight_norm_bw_norms_shape",
+           graph1([f45, f45, f41, spec("f32", [1, 5])],
+                  [node("aten._weight_norm_interface_backward.default",
+                        [R0, R1, R2, {"ref": 3}, 0], [f45, f41])], [{"ref": 4}]),
+           [zeros_entry("f32", [4, 5])] * 2 + [zeros_entry("f32", [4, 1]), zeros_entry("f32", [1, 5])],
+           "invalid_graph", "saved_norms has shape [1,5], expected [4,1]")
     # as_strided_scatter: src not of the view's size, a view past self's
     # elements; copy: src that does not broadcast (each also rejected by
     # the compiler)

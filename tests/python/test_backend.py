@@ -393,6 +393,31 @@ def test_a_large_embedding_gradient_is_a_scatter_kernel_and_trains_like_eager():
     _no_fallback()
 
 
+class _WeightNormNet(nn.Module):
+    """wav2vec2's positional convolution in small (weight norm over the
+    kernel's last dim, dim=2) and a weight-normed linear (dim=0)."""
+
+    def __init__(self):
+        super().__init__()
+        wn = nn.utils.parametrizations.weight_norm
+        self.conv = wn(nn.Conv1d(8, 8, 5, padding=2, groups=2), name="weight", dim=2)
+        self.lin = wn(nn.Linear(8, 6))
+
+    def forward(self, x):
+        return self.lin(nn.functional.gelu(self.conv(x)).transpose(1, 2))
+
+
+def test_weight_norm_runs_in_kiln_and_trains_like_eager():
+    # _weight_norm_interface and its backward are kernels, not torch steps
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    _train_like_eager(_WeightNormNet(), (_x(13, 2, 8, 12),))
+    ops = [o for r in kb.records() for o in r["fallback_ops"]]
+    assert not ops, ops
+    _no_fallback()
+
+
 class _GroupNet(nn.Module):
     """RegNet's and ConvMixer's convolutions in small: a 3x3 in 2 groups of
     16 channels (a product per group), a 7x7 depthwise over 9² (rows of

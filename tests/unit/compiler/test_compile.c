@@ -5334,6 +5334,22 @@ Test(compile, empty_strided_bad_arguments)
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* _weight_norm_interface and its backward with g or saved_norms not of
+ * v's shape with 1 in every dim but dim, or an integer v
+ * (tests/data/bad/weight_norm_*): rejected as the interpreter rejects
+ * them. */
+Test(compile, weight_norm_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"weight_norm_g_shape",
+	     "g must have v's shape with 1 in every dim but dim"},
+	    {"weight_norm_v_int", "v must be floating, not i64"},
+	    {"weight_norm_bw_norms_shape",
+	     "norms must have v's shape with 1 in every dim but dim"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
 /* A product whose weight is a transposed view (nn.Linear's t()) is
  * timed on inputs laid out as declared; a product whose result feeds
  * one other node keeps the heuristic (that node may become its

@@ -196,8 +196,8 @@ static int vreduce(lnode_t *n, uint32_t rank, const kiln_dim_t *sizes,
 		if (vwork_over(n->c, rank, sizes))
 			return lerr(n, KILN_EUNSUPOP,
 				    "as a dense reduction it would visit more "
-				    "than %lld elements (kiln has no scatter "
-				    "kernel yet)",
+				    "than %lld elements (kiln's scatter-add "
+				    "kernel takes whole rows only)",
 				    (long long)VREDUCE_MAX_WORK);
 	}
 	lt_t *t = lt_fn(n->c, acc, rank, sizes, body);

@@ -1080,10 +1080,12 @@ char *sched_report(cctx_t *c)
 			sb_dims(c, &s, n->ga->rank, n->ga->sizes, 0);
 			sb_printf(&s,
 				  " source rows, columns in blocks of %lld "
-				  "(a unit zeroes its columns and adds every "
-				  "row into them), buf%u%s  <- node %d %s\n",
+				  "(a unit %s and adds every row into them), "
+				  "buf%u%s  <- node %d %s\n",
 				  (long long)cg_scatter_cols(
 				      c, c->bufs[n->buf].dtype),
+				  n->scat_base != NULL ? "copies self's columns"
+						       : "zeroes its columns",
 				  n->buf,
 				  c->bufs[n->buf].is_output ? " (output)" : "",
 				  n->node, c->g->nodes[n->node].op);

@@ -375,6 +375,65 @@ int kiln__op_scatter(ictx_t *c, int code)
 	return 0;
 }
 
+/* index_add(self, dim, index [K] or [], source, alpha=1):
+ *   out = self; out[.., index[k], ..] += alpha · source[.., k, ..] at dim
+ * (an index outside [0, size) is rejected, as torch rejects it) */
+int kiln__op_index_add(ictx_t *c, int code)
+{
+	(void)code;
+	it_t *x, *ix, *src;
+	int64_t dim;
+	uint32_t d;
+	double alpha;
+	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
+	KI_TRY(kiln__i_int(c, 1, "dim", KI_REQ, &dim));
+	KI_TRY(kiln__i_tensor(c, 2, "index", &ix));
+	KI_TRY(kiln__i_tensor(c, 3, "source", &src));
+	KI_TRY(kiln__i_num(c, 4, "alpha", false, 1, &alpha));
+	KI_TRY(need_index(c, ix, "index"));
+	if (x->rank == 0)
+		return kiln__i_unsup(c, "index_add of a 0-d self");
+	KI_TRY(kiln__i_dim(c, dim, x->rank, &d));
+	if (ix->rank > 1)
+		return kiln__i_bad(c, "index must be 0-D or 1-D");
+	if (src->dt != x->dt)
+		return kiln__i_bad(c, "source must have self's dtype");
+	int64_t K = kiln__i_numel(ix);
+	if (src->rank != x->rank)
+		return kiln__i_bad(c, "source must have self's rank %u",
+				   x->rank);
+	for (uint32_t j = 0; j < x->rank; j++)
+		if (src->size[j] != (j == d ? K : x->size[j]))
+			return kiln__i_bad(c,
+					   "source must have self's shape with "
+					   "index's length at dim %u (dim %u "
+					   "differs)",
+					   d, j);
+	it_t *o = &c->out[0];
+	KI_TRY(kiln__i_convert(c, x, x->dt, o));
+	int64_t idx[KI_MAXR] = {0};
+	if (kiln__i_numel(src) == 0)
+		return 0;
+	do {
+		int64_t v = ki_geti(
+		    ix, ix->off + (ix->rank ? idx[d] * ix->stride[0] : 0));
+		if (v < 0 || v >= x->size[d]) {
+			kiln__i_release(o);
+			return kiln__i_bad(c,
+					   "index %lld out of range for size "
+					   "%lld",
+					   (long long)v, (long long)x->size[d]);
+		}
+		int64_t to = 0;
+		for (uint32_t j = 0; j < o->rank; j++)
+			to += (j == d ? v : idx[j]) * o->stride[j];
+		ki_setf(o, to,
+			ki_getf(o, to) +
+			    alpha * ki_getf(src, ki_off(src, idx)));
+	} while (ki_next(idx, src->size, src->rank));
+	return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Advanced indexing                                                          */
 /* ------------------------------------------------------------------------ */

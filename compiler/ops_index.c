@@ -699,6 +699,92 @@ int low_scatter(cctx_t *c, lnode_t *n)
 				   sx_cast(c, self, acc))));
 }
 
+/* index_add(self, dim, index [K] or [], source, alpha=1), over the
+ * virtual [p..., k] (k: index's positions):
+ *   out[p] = self[p] + alpha · Σ_k (index[k] == p_dim ? source[p | dim := k]
+ *                                                     : 0)
+ * (an index outside [0, size) adds nothing: torch raises). Past 2^22
+ * pairs, whole rows of a matrix (dim 0: a mixture of experts summing its
+ * experts' outputs per token) are a scatter-add kernel onto self. */
+int low_index_add(cctx_t *c, lnode_t *n)
+{
+	lt_t *x, *ix, *src;
+	int64_t d;
+	double alpha;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lint(n, 1, "dim", 0, &d);
+	if (rc == 0)
+		rc = ltensor(n, 2, "index", &ix);
+	if (rc == 0)
+		rc = ltensor(n, 3, "source", &src);
+	if (rc == 0)
+		rc = lfloat(n, 4, "alpha", 1.0, &alpha);
+	if (rc == 0)
+		rc = need_index(n, ix, "index");
+	if (rc != 0)
+		return rc;
+	if (x->rank == 0)
+		return lerr(n, KILN_EUNSUPOP, "index_add of a 0-d self");
+	uint32_t ud, r = x->rank;
+	rc = ldim(n, d, r, &ud);
+	if (rc != 0)
+		return rc;
+	if (ix->rank > 1)
+		return lerr(n, KILN_EINVGRAPH, "index must be 0-D or 1-D");
+	if (src->dtype != x->dtype)
+		return lerr(n, KILN_EINVGRAPH, "source must have self's dtype");
+	if (src->rank != r || r + 1 > CIR_MAX_RANK)
+		return lerr(n, KILN_EINVGRAPH,
+			    "source must have self's rank %u", r);
+	kiln_dim_t K = ix->rank ? ix->sizes[0] : dim_const(1);
+	for (uint32_t j = 0; j < r; j++)
+		if (!dim_eq(src->sizes[j], j == ud ? K : x->sizes[j]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "source must have self's shape with "
+				    "index's length at dim %u (dim %u differs)",
+				    ud, j);
+	kiln_dtype_t dt = x->dtype, acc = compute_dtype(dt);
+	kiln_dim_t vsz[CIR_MAX_RANK];
+	const kiln_expr_t *spos[CIR_MAX_RANK];
+	for (uint32_t j = 0; j < r; j++) {
+		vsz[j] = x->sizes[j];
+		spos[j] = j == ud ? ix_var(c, r) : ix_var(c, j);
+	}
+	vsz[r] = K;
+	lt_t *red;
+	if (r == 2 && ud == 0 && ix->rank == 1 &&
+	    (dt == KILN_DT_F32 || dt == KILN_DT_F64) &&
+	    vwork_over(c, r + 1, vsz)) {
+		lt_t *s2 = src;
+		if (alpha != 1.0)
+			s2 = lt_fn(c, dt, r, src->sizes,
+				   sx_bin(c, OP_MUL,
+					  sx_cast(c, lt_body(c, src), acc),
+					  sxf(c, alpha, acc)));
+		if (s2 == NULL)
+			return -ENOMEM;
+		scat_t sp = {x, NULL, false};
+		rc = lscatter(n, ix, s2, x->sizes[0], sp, dt, &red);
+		return rc != 0 ? rc : lset(n, 0, red);
+	}
+	const kiln_expr_t *ipos[1] = {ix_var(c, r)};
+	const sx_t *iv = sx_cast(c, lt_at(c, ix, ipos), KILN_DT_I64);
+	const sx_t *match = sx_bin(c, OP_EQ, iv, sx_index(c, ix_var(c, ud)));
+	const sx_t *body = sx_where(
+	    c, match, sx_cast(c, lt_at(c, src, spos), acc), zero(c, acc));
+	rc = vreduce(n, r + 1, vsz, body, 1u << r, RED_SUM, acc, &red);
+	if (rc != 0)
+		return rc;
+	const sx_t *add = lt_body(c, red);
+	if (alpha != 1.0)
+		add = sx_bin(c, OP_MUL, add, sxf(c, alpha, acc));
+	return lset(
+	    n, 0,
+	    lt_fn(c, dt, r, x->sizes,
+		  sx_bin(c, OP_ADD, sx_cast(c, lt_body(c, x), acc), add)));
+}
+
 /* ---- advanced indexing --------------------------------------------------- */
 
 /* The plan of self[indices] (torch's advanced indexing): the index tensors

@@ -857,7 +857,7 @@ def build_dynamic():
 
 
 def build_nn():
-    for op in ["mm", "bmm", "addmm", "baddbmm", "embedding_dense_backward", "scatter_add",
+    for op in ["mm", "bmm", "addmm", "baddbmm", "embedding_dense_backward", "scatter_add", "index_add",
                "index_put", "nll_loss_forward", "nll_loss_backward", "mse_loss",
                "mse_loss_backward", "convolution", "convolution_backward", "avg_pool2d",
                "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
@@ -924,6 +924,16 @@ def build_nn():
     case(op, "dim0", lambda x, i, s: A.scatter.src(x, 0, i, s), U(4, 2), perm(4)[:3].view(3, 1), U(3, 2))
     case("scatter_add", "dups", lambda x, i, s: A.scatter_add.default(x, 1, i, s), U(2, 4), I(2, 5, lo=0, hi=4), U(2, 5))
     case("scatter_add", "i64", lambda x, i, s: A.scatter_add.default(x, 0, i, s), I(3), I(6, lo=0, hi=3), I(6))
+    op = "index_add"
+    case(op, "rows", lambda x, i, s: A.index_add.default(x, 0, i, s), U(5, 3), I(7, lo=0, hi=5), U(7, 3))
+    case(op, "dim1_alpha", lambda x, i, s: A.index_add.default(x, 1, i, s, alpha=2.5), U(2, 4, 3),
+         I(6, lo=0, hi=4), U(2, 3, 6).transpose(1, 2))
+    case(op, "neg_dim_f64", lambda x, i, s: A.index_add.default(x, -1, i, s), U(3, 4, dt=f64),
+         I(5, lo=0, hi=4), U(3, 5, dt=f64))
+    case(op, "scalar_index", lambda x, i, s: A.index_add.default(x, 0, i, s), U(4, 2),
+         torch.tensor(2), U(1, 2))
+    case(op, "i64", lambda x, i, s: A.index_add.default(x, 0, i, s, alpha=3), I(4), I(6, lo=0, hi=4), I(6))
+    case(op, "empty", lambda x, i, s: A.index_add.default(x, 0, i, s), U(3, 2), I(0, lo=0, hi=3), U(0, 2))
     op = "index"
     seed(op)
     case(op, "one", lambda x, i: A.index.Tensor(x, [i]), U(5, 3), I(4, lo=-5, hi=5))
@@ -1299,6 +1309,12 @@ def bad_cases():
                         [R0, R1, R2, {"ref": 3}, 0], [f45, f41])], [{"ref": 4}]),
            [zeros_entry("f32", [4, 5])] * 2 + [zeros_entry("f32", [4, 1]), zeros_entry("f32", [1, 5])],
            "invalid_graph", "saved_norms has shape [1,5], expected [4,1]")
+    # index_add: source not of self's shape with index's length at dim
+    yield ("index_add_source_shape",
+           graph1([f23, spec("i64", [2]), spec("f32", [3, 3])],
+                  [node("aten.index_add.default", [R0, 0, R1, R2], [f23])], [{"ref": 3}]),
+           [z23, zeros_entry("i64", [2]), zeros_entry("f32", [3, 3])], "invalid_graph",
+           "source must have self's shape with index's length at dim 0 (dim 0 differs)")
     # as_strided_scatter: src not of the view's size, a view past self's
     # elements; copy: src that does not broadcast (each also rejected by
     # the compiler)

@@ -418,6 +418,37 @@ def test_weight_norm_runs_in_kiln_and_trains_like_eager():
     _no_fallback()
 
 
+class _CombineNet(nn.Module):
+    """A mixture of experts' combine in small: each half of 256 tokens (a
+    fixed routing, as a buffer) goes through its expert, and index_add
+    sums the experts' outputs back per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(160, 160) for _ in range(2)])
+        g = torch.Generator().manual_seed(5)
+        self.register_buffer("route", torch.randperm(256, generator=g))
+
+    def forward(self, x):
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows = self.route[e * 128:(e + 1) * 128]
+            out = out.index_add(0, rows, expert(x[rows]), alpha=0.5)
+        return torch.tanh(out)
+
+
+def test_index_add_of_rows_is_a_scatter_kernel_and_trains_like_eager():
+    # 256 rows x 128 tokens x 160 columns per index_add is 5.2M pairs,
+    # past the dense reduction's 2^22: kiln's scatter-add kernel onto self
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    _train_like_eager(_CombineNet(), (_x(14, 256, 160),))
+    ops = [o for r in kb.records() for o in r["fallback_ops"]]
+    assert not ops, ops
+    _no_fallback()
+
+
 class _GroupNet(nn.Module):
     """RegNet's and ConvMixer's convolutions in small: a 3x3 in 2 groups of
     16 channels (a product per group), a 7x7 depthwise over 9² (rows of

@@ -3305,9 +3305,10 @@ static void check_embedding_bw(kiln_compiler_t *kc, const kiln_graph_t *g,
 
 /* Runs g on inputs of their declared shapes: floats drawn from a seed,
  * integer indices (i · 7919) mod 2V − V, in [−V, V) (a negative one
- * counts from V), and expects the interpreter's outputs (one). */
+ * counts from V) where neg, else (i · 7919) mod V, and expects the
+ * interpreter's outputs (one). */
 static void check_scatter_graph(kiln_compiler_t *kc, const kiln_graph_t *g,
-				int64_t V, const char *what)
+				int64_t V, bool neg, const char *what)
 {
 	char err[512];
 	kiln_module_t *m = module_of(kc, g, what);
@@ -3331,7 +3332,8 @@ static void check_scatter_graph(kiln_compiler_t *kc, const kiln_graph_t *g,
 				((float *)in[t].data)[i] = (float)x;
 			else
 				((int64_t *)in[t].data)[i] =
-				    (i * 7919) % (2 * V) - V;
+				    neg ? (i * 7919) % (2 * V) - V
+					: (i * 7919) % V;
 		}
 		args[t] = (kiln_io_t){KILN_IO_TENSOR, 0, in[t]};
 	}
@@ -3420,9 +3422,40 @@ static kiln_graph_t *index_put_rows_graph(const char *dt, int64_t V, int64_t I0,
 	return end_graph(&b, 3, 1, "index_put of rows");
 }
 
-/* A large scatter_add of whole rows and an accumulating index_put of whole
- * rows are scatter-add kernels onto self, against the interpreter:
- * negative indices count from V; small ones stay dense reductions. */
+/* index_add(self [V, D], 0, idx [E], src [E, D], alpha): a mixture of
+ * experts summing its experts' outputs per token */
+static kiln_graph_t *index_add_rows_graph(const char *dt, int64_t V, int64_t E,
+					  int64_t D, double alpha)
+{
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 3);
+	spec2(&b, dt, V, D);
+	const int64_t e1[1] = {E};
+	specn(&b, "i64", e1, 1);
+	spec2(&b, dt, E, D);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head_kw(&b, "aten.index_add.default", 4); /* value 3 */
+	ref(&b, 0);
+	msgpack_pack_int64(&b.pk, 0);
+	ref(&b, 1);
+	ref(&b, 2);
+	s(&b, "kwargs");
+	msgpack_pack_map(&b.pk, 1);
+	s(&b, "alpha");
+	msgpack_pack_double(&b.pk, alpha);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, dt, V, D);
+	return end_graph(&b, 3, 1, "index_add of rows");
+}
+
+/* A large scatter_add of whole rows and an accumulating index_put or an
+ * index_add of whole rows are scatter-add kernels onto self, against the
+ * interpreter: negative indices count from V (but index_add's, which
+ * torch and the interpreter reject: its indices here are in range); small
+ * ones stay dense reductions. */
 Test(lowering, row_scatters_onto_self_are_scatter_kernels)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -3440,12 +3473,12 @@ Test(lowering, row_scatters_onto_self_are_scatter_kernels)
 		    scatter_rows_graph(sc[i].dt, sc[i].V, sc[i].E, sc[i].D);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "scatter-add", true, what);
-		check_scatter_graph(kc, g, sc[i].V, what);
+		check_scatter_graph(kc, g, sc[i].V, true, what);
 		kiln_graph_free(g);
 	}
 	kiln_graph_t *small = scatter_rows_graph("f32", 16, 20, 8);
 	expect_report_has(kc, small, "scatter-add", false, "small scatter_add");
-	check_scatter_graph(kc, small, 16, "small scatter_add");
+	check_scatter_graph(kc, small, 16, true, "small scatter_add");
 	kiln_graph_free(small);
 	static const struct {
 		const char *dt;
@@ -3461,7 +3494,25 @@ Test(lowering, row_scatters_onto_self_are_scatter_kernels)
 		    ip[i].dt, ip[i].V, ip[i].I0, ip[i].I1, ip[i].D);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "scatter-add", true, what);
-		check_scatter_graph(kc, g, ip[i].V, what);
+		check_scatter_graph(kc, g, ip[i].V, true, what);
+		kiln_graph_free(g);
+	}
+	static const struct {
+		const char *dt;
+		int64_t V, E, D;
+		double alpha;
+	} ia[] = {{"f32", 3001, 2000, 70, 1.0}, {"f64", 1000, 5000, 17, -0.5}};
+	for (size_t i = 0; i < sizeof(ia) / sizeof(ia[0]); i++) {
+		char what[80];
+		snprintf(what, sizeof(what),
+			 "index_add %s V=%lld E=%lld D=%lld", ia[i].dt,
+			 (long long)ia[i].V, (long long)ia[i].E,
+			 (long long)ia[i].D);
+		kiln_graph_t *g = index_add_rows_graph(
+		    ia[i].dt, ia[i].V, ia[i].E, ia[i].D, ia[i].alpha);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "scatter-add", true, what);
+		check_scatter_graph(kc, g, ia[i].V, false, what);
 		kiln_graph_free(g);
 	}
 	kiln_compiler_free(kc);
@@ -3752,7 +3803,7 @@ Test(nt, a_large_scatter_streams_its_zeros_and_matches_the_interpreter)
 		if (i == 0)
 			check_embedding_bw(kc, g[i], 4099, 7, what[i]);
 		else
-			check_scatter_graph(kc, g[i], 4001, what[i]);
+			check_scatter_graph(kc, g[i], 4001, true, what[i]);
 		kiln_graph_free(g[i]);
 	}
 	kiln_compiler_free(kc);
@@ -5379,6 +5430,19 @@ Test(compile, weight_norm_bad_arguments)
 	    {"weight_norm_v_int", "v must be floating, not i64"},
 	    {"weight_norm_bw_norms_shape",
 	     "norms must have v's shape with 1 in every dim but dim"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
+/* index_add with a source not of self's shape with index's length at dim
+ * (tests/data/bad/index_add_source_shape): rejected as the interpreter
+ * rejects it. */
+Test(compile, index_add_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"index_add_source_shape",
+	     "source must have self's shape with index's length at dim 0 "
+	     "(dim 0 differs)"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

@@ -183,7 +183,9 @@ typedef struct cnode {
 	 * where negative and scat_wrap) and v != scat_pad (NULL: no
 	 * padding row); gb a source buffer view of rank r + 1 and scat_base
 	 * one of rank 2 (NULL: zeros), both with unit stride along their
-	 * last dim and of buf's dtype (f32 or f64), buf [V, D] */
+	 * last dim and of buf's dtype (f32 or f64), buf [V, D]; with frank
+	 * 3 every one has a leading dim P (gb [P, q..., D], buf and base [P,
+	 * V, D]), each p scattered on its own */
 	bool scatter;
 	bool scat_wrap;
 	const kiln_expr_t *scat_pad;

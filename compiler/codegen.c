@@ -4864,12 +4864,14 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	int w = c->vec_width > 0 ? c->vec_width : 8;
 	if (dt == KILN_DT_F64)
 		w = w > 1 ? w / 2 : 1;
-	LLVMValueRef V = emit_ix(g, ix_dim(c, n->fsizes[0]));
-	LLVMValueRef D = emit_ix(g, ix_dim(c, n->fsizes[1]));
+	/* a leading dim P (frank 3): out [P, V, D], src [P, q..., D] */
+	uint32_t pre = n->frank == 3 ? 1 : 0;
+	LLVMValueRef V = emit_ix(g, ix_dim(c, n->fsizes[pre]));
+	LLVMValueRef D = emit_ix(g, ix_dim(c, n->fsizes[pre + 1]));
 	LLVMValueRef pad = n->scat_pad ? emit_ix(g, n->scat_pad) : NULL;
-	LLVMValueRef op = buf_ptr(g, n->buf);
+	LLVMValueRef op0 = buf_ptr(g, n->buf);
 	LLVMValueRef ioff = emit_ix(g, ix_dim(c, ix->offset));
-	LLVMValueRef soff = emit_ix(g, ix_dim(c, src->offset));
+	LLVMValueRef soff0 = emit_ix(g, ix_dim(c, src->offset));
 	LLVMTypeRef it = storage_type(g, ix->dtype, 1);
 	LLVMValueRef ip = buf_ptr(g, ix->buf), sp = buf_ptr(g, src->buf);
 	uint32_t r = ix->rank;
@@ -4877,19 +4879,47 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	for (uint32_t k = 0; k < r; k++) {
 		isz[k] = emit_ix(g, ix_dim(c, ix->sizes[k]));
 		ist[k] = emit_ix(g, ix_dim(c, ix->strides[k]));
-		sst[k] = emit_ix(g, ix_dim(c, src->strides[k]));
+		sst[k] = emit_ix(g, ix_dim(c, src->strides[pre + k]));
 	}
+	/* units: (p, block of columns), p outer */
+	LLVMValueRef nblk = imax(
+	    g,
+	    LLVMBuildUDiv(g->b, LLVMBuildAdd(g->b, D, K64(g, cols - 1), ""),
+			  K64(g, cols), ""),
+	    K64(g, 1));
+	const lt_t *bt = n->scat_base;
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
-	LLVMValueRef d0 = LLVMBuildMul(g->b, U.i, K64(g, cols), "");
+	LLVMValueRef blk = U.i, pi = K64(g, 0);
+	if (pre) {
+		pi = LLVMBuildUDiv(g->b, U.i, nblk, "");
+		blk = LLVMBuildURem(g->b, U.i, nblk, "");
+	}
+	LLVMValueRef d0 = LLVMBuildMul(g->b, blk, K64(g, cols), "");
 	LLVMValueRef d1 = imin(g, LLVMBuildAdd(g->b, d0, K64(g, cols), ""), D);
+	LLVMValueRef po =
+	    LLVMBuildMul(g->b, pi, LLVMBuildMul(g->b, V, D, ""), "");
+	LLVMValueRef op = LLVMBuildGEP2(g->b, et, op0, &po, 1, "");
+	LLVMValueRef soff = soff0;
+	if (pre)
+		soff = LLVMBuildAdd(
+		    g->b, soff,
+		    LLVMBuildMul(g->b, pi,
+				 emit_ix(g, ix_dim(c, src->strides[0])), ""),
+		    "");
 	/* the unit's columns of every row: zeros, or base's */
-	const lt_t *bt = n->scat_base;
 	LLVMValueRef bp = NULL, bst = NULL;
 	if (bt != NULL) {
 		LLVMValueRef boff = emit_ix(g, ix_dim(c, bt->offset));
+		if (pre)
+			boff = LLVMBuildAdd(
+			    g->b, boff,
+			    LLVMBuildMul(g->b, pi,
+					 emit_ix(g, ix_dim(c, bt->strides[0])),
+					 ""),
+			    "");
 		bp = LLVMBuildGEP2(g->b, et, buf_ptr(g, bt->buf), &boff, 1, "");
-		bst = emit_ix(g, ix_dim(c, bt->strides[0]));
+		bst = emit_ix(g, ix_dim(c, bt->strides[pre]));
 	}
 	loop_t Z;
 	loop_begin(g, &Z, K64(g, 0), V, 1);
@@ -4950,9 +4980,13 @@ static void scatter_extent(cctx_t *c, kernel_t *k)
 {
 	const cnode_t *n = &c->nodes[k->members[0].node];
 	int64_t cols = cg_scatter_cols(c, c->bufs[n->buf].dtype);
-	k->extent = dim_of(ix_floordiv(
-	    c, ix_add(c, ix_dim(c, n->fsizes[1]), ix_const(c, cols - 1)),
-	    ix_const(c, cols)));
+	uint32_t pre = n->frank == 3 ? 1 : 0;
+	const kiln_expr_t *e = ix_floordiv(
+	    c, ix_add(c, ix_dim(c, n->fsizes[pre + 1]), ix_const(c, cols - 1)),
+	    ix_const(c, cols));
+	if (pre)
+		e = ix_mul(c, e, ix_dim(c, n->fsizes[0]));
+	k->extent = dim_of(e);
 	k->grain = 1;
 }
 

@@ -18,9 +18,10 @@
  * small graphs (a 512-row embedding gradient of 32 tokens is 1M
  * multiply-adds), and it fuses with what surrounds it. Past
  * VREDUCE_MAX_WORK a scatter of whole rows of a matrix (an embedding
- * gradient, index_put of rows, scatter_add of rows) is a scatter-add node
- * (lscatter: its own kernel, O(outputs + sources)), and the other scatters
- * a fallback step (torch's scatter). A plain scatter
+ * gradient, index_put, index_add and scatter_add of rows; along dim 1, p
+ * by p over dim 0) is a scatter-add node (lscatter: its own kernel,
+ * O(outputs + sources)), and the other scatters a fallback step (torch's
+ * scatter). A plain scatter
  * (not accumulating) keeps torch's sequential "last write wins" exactly: a
  * max reduction finds the last matching source position, then a dyn load
  * reads that one source element.
@@ -263,7 +264,8 @@ int low_embedding(cctx_t *c, lnode_t *n)
 static int unit_rows(lnode_t *n, lt_t *t, kiln_dtype_t dt, lt_t **out)
 {
 	uint32_t r = t->rank;
-	if (t->is_buf && t->dtype == dt && dim_is(t->strides[r - 1], 1)) {
+	if (t->is_buf && t->dtype == dt &&
+	    (dim_is(t->strides[r - 1], 1) || dim_is(t->sizes[r - 1], 1))) {
 		*out = t;
 		return 0;
 	}
@@ -279,6 +281,9 @@ typedef struct scat {
 	lt_t *base;		/* [V, D] added to, or NULL: zeros */
 	const kiln_expr_t *pad; /* the row that takes nothing, or NULL */
 	bool wrap;		/* a negative index counts from V */
+	/* a leading dim P that every tensor has (src [P, ix.shape..., D],
+	 * base and out [P, V, D]), each p scattered on its own */
+	bool pre;
 } scat_t;
 
 /* The scatter-add node of out [V, D] (dtype dt, f32 or f64) = base +
@@ -308,8 +313,14 @@ static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V, scat_t sp,
 		rc = unit_rows(n, sp.base, dt, &sp.base);
 	if (rc != 0)
 		return rc;
-	kiln_dim_t sz[2] = {V, src->sizes[r - 1]};
-	uint32_t buf = new_buf(c, CB_TEMP, dt, 2, sz);
+	uint32_t orank = sp.pre ? 3 : 2;
+	kiln_dim_t sz[3] = {V, src->sizes[r - 1], dim_const(1)};
+	if (sp.pre) {
+		sz[0] = src->sizes[0];
+		sz[1] = V;
+		sz[2] = src->sizes[r - 1];
+	}
+	uint32_t buf = new_buf(c, CB_TEMP, dt, orank, sz);
 	int32_t ni = new_cnode(c);
 	if (buf == UINT32_MAX || ni < 0)
 		return -ENOMEM;
@@ -322,9 +333,9 @@ static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V, scat_t sp,
 	cn->scat_wrap = sp.wrap;
 	cn->scat_base = sp.base;
 	cn->node = (int32_t)n->index;
-	cn->frank = 2;
-	cn->fsizes[0] = sz[0];
-	cn->fsizes[1] = sz[1];
+	cn->frank = orank;
+	for (uint32_t k = 0; k < orank; k++)
+		cn->fsizes[k] = sz[k];
 	cn->body = sx_consti(c, 0, KILN_DT_I64); /* no element body */
 	if (cn->body == NULL)
 		return -ENOMEM;
@@ -353,6 +364,37 @@ static lt_t *lead_view(cctx_t *c, const lt_t *t, uint32_t d,
 	for (uint32_t k = 0; k < d; k++)
 		u->strides[k] = t->strides[k];
 	return u;
+}
+
+/* self + the scatter-add along dim k of self (rank k + 1 or k + 2, k 0 or
+ * 1: the dims before k are the kernel's P, the one after its D) of src
+ * [self's dims before k, ix.shape..., self's dims after k] at the indices
+ * ix: a kernel onto self (lscatter), with a unit dim D where self has no
+ * dim after k. */
+static int lscatter_dim(lnode_t *n, lt_t *x, uint32_t k, lt_t *ix, lt_t *src,
+			bool wrap, lt_t **out)
+{
+	cctx_t *c = n->c;
+	bool unit = x->rank == k + 1;
+	lt_t *base = unit ? lt_unsqueeze(c, x, x->rank) : x;
+	lt_t *s = unit ? lt_unsqueeze(c, src, src->rank) : src;
+	if (base == NULL || s == NULL)
+		return -ENOMEM;
+	scat_t sp = {base, NULL, wrap, k == 1};
+	lt_t *o;
+	int rc = lscatter(n, ix, s, x->sizes[k], sp, x->dtype, &o);
+	if (rc != 0)
+		return rc;
+	*out = unit ? lt_squeeze_dim(c, o, o->rank - 1) : o;
+	return *out ? 0 : -ENOMEM;
+}
+
+/* Whether a scatter along dim k of x takes the kernel (lscatter_dim): f32
+ * or f64, k 0 or 1, at most one dim after it. */
+static bool scatter_dim_ok(const lt_t *x, uint32_t k)
+{
+	return (x->dtype == KILN_DT_F32 || x->dtype == KILN_DT_F64) && k <= 1 &&
+	       x->rank >= k + 1 && x->rank <= k + 2;
 }
 
 /* embedding_dense_backward(grad [I..., D], indices [I...], V, padding_idx,
@@ -408,7 +450,7 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 		/* a language model's: a scatter-add kernel, not the
 		 * O(V·N·D) reduction */
 		lt_t *s;
-		scat_t sp = {NULL, pad, false};
+		scat_t sp = {NULL, pad, false, false};
 		rc = lscatter(n, ix, g, vsz[0], sp, odt, &s);
 		return rc != 0 ? rc : lset(n, 0, s);
 	}
@@ -656,7 +698,7 @@ int low_scatter(cctx_t *c, lnode_t *n)
 		lt_t *s2 = lead_view(c, src, 2, esz);
 		if (i1 == NULL || s2 == NULL)
 			return -ENOMEM;
-		scat_t sp = {x, NULL, true};
+		scat_t sp = {x, NULL, true, false};
 		rc = lscatter(n, i1, s2, x->sizes[0], sp, dt, &red);
 		return rc != 0 ? rc : lset(n, 0, red);
 	}
@@ -753,8 +795,7 @@ int low_index_add(cctx_t *c, lnode_t *n)
 	}
 	vsz[r] = K;
 	lt_t *red;
-	if (r == 2 && ud == 0 && ix->rank == 1 &&
-	    (dt == KILN_DT_F32 || dt == KILN_DT_F64) &&
+	if (ix->rank == 1 && scatter_dim_ok(x, ud) &&
 	    vwork_over(c, r + 1, vsz)) {
 		lt_t *s2 = src;
 		if (alpha != 1.0)
@@ -764,8 +805,7 @@ int low_index_add(cctx_t *c, lnode_t *n)
 					  sxf(c, alpha, acc)));
 		if (s2 == NULL)
 			return -ENOMEM;
-		scat_t sp = {x, NULL, false};
-		rc = lscatter(n, ix, s2, x->sizes[0], sp, dt, &red);
+		rc = lscatter_dim(n, x, ud, ix, s2, false, &red);
 		return rc != 0 ? rc : lset(n, 0, red);
 	}
 	const kiln_expr_t *ipos[1] = {ix_var(c, r)};
@@ -1082,22 +1122,29 @@ int low_index(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, x->dtype, p.rank, p.sizes, v));
 }
 
-/* Whether index_put's plan p indexes whole rows of a matrix x: one index
- * tensor, on dim 0, of x's f32 or f64, and values of the indexed shape
- * (B..., D) with nothing broadcast. */
-static bool put_rows(const lt_t *x, const iplan_t *p, const lt_t *vals)
+/* The dim index_put's plan p indexes where the scatter-add kernel takes
+ * it (scatter_dim_ok: rows of a matrix, or a dim 1 with one dim before,
+ * as LeViT's attention biases): one index tensor, of the broadcast shape,
+ * and values of the indexed shape with nothing broadcast; -1 where not. */
+static int put_dim(const lt_t *x, const iplan_t *p, const lt_t *vals)
 {
-	if (x->rank != 2 || p->ix[0] == NULL || p->ix[1] != NULL ||
-	    (x->dtype != KILN_DT_F32 && x->dtype != KILN_DT_F64) ||
-	    vals->rank != p->rank || p->first != 0 || p->ix[0]->rank != p->br)
-		return false;
-	for (uint32_t k = 0; k < p->br; k++)
-		if (!dim_eq(p->ix[0]->sizes[k], p->bs[k]))
-			return false;
-	for (uint32_t k = 0; k < vals->rank; k++)
-		if (!dim_eq(vals->sizes[k], p->sizes[k]))
-			return false;
-	return true;
+	int k = -1;
+	for (uint32_t j = 0; j < x->rank; j++)
+		if (p->ix[j] != NULL) {
+			if (k >= 0)
+				return -1;
+			k = (int)j;
+		}
+	if (k < 0 || !scatter_dim_ok(x, (uint32_t)k) || vals->rank != p->rank ||
+	    p->first != (uint32_t)k || p->ix[k]->rank != p->br)
+		return -1;
+	for (uint32_t q = 0; q < p->br; q++)
+		if (!dim_eq(p->ix[k]->sizes[q], p->bs[q]))
+			return -1;
+	for (uint32_t q = 0; q < vals->rank; q++)
+		if (!dim_eq(vals->sizes[q], p->sizes[q]))
+			return -1;
+	return k;
 }
 
 /* index_put(self, indices, values, accumulate), with R = self[indices]'s
@@ -1172,12 +1219,13 @@ int low_index_put(cctx_t *c, lnode_t *n)
 	kiln_dtype_t dt = x->dtype, acc = compute_dtype(dt);
 	const sx_t *self = sx_cast(c, lt_body(c, x), acc);
 	lt_t *red;
-	if (accum && put_rows(x, &p, vals) && vwork_over(c, xr + p.br, vsz)) {
-		/* x[index] += values over whole rows of a matrix (the
-		 * gradient of weight[ids]): a scatter-add kernel onto self */
-		scat_t sp = {x, NULL, true};
-		rc = lscatter(n, (lt_t *)p.ix[0], vals, x->sizes[0], sp, dt,
-			      &red);
+	int pk = accum ? put_dim(x, &p, vals) : -1;
+	if (pk >= 0 && vwork_over(c, xr + p.br, vsz)) {
+		/* x[index] += values along one dim (the gradient of
+		 * weight[ids], of LeViT's biases[:, idxs]): a scatter-add
+		 * kernel onto self */
+		rc = lscatter_dim(n, x, (uint32_t)pk, (lt_t *)p.ix[pk], vals,
+				  true, &red);
 		return rc != 0 ? rc : lset(n, 0, red);
 	}
 	if (accum) {

@@ -449,6 +449,32 @@ def test_index_add_of_rows_is_a_scatter_kernel_and_trains_like_eager():
     _no_fallback()
 
 
+class _BiasNet(nn.Module):
+    """LeViT's attention biases in small: a [heads, positions] table read
+    at a fixed [N, N] index along dim 1 and added to the scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.biases = nn.Parameter(torch.randn(4, 400) * 0.1)
+        g = torch.Generator().manual_seed(6)
+        self.register_buffer("idxs", torch.randint(0, 400, (60, 60), generator=g))
+
+    def forward(self, scores):
+        return torch.softmax(scores + self.biases[:, self.idxs], -1).mean(-1)
+
+
+def test_a_bias_table_indexed_along_dim_1_trains_through_a_scatter_kernel():
+    # its gradient, index_put along dim 1 (4 x 400 x 3600 pairs, past the
+    # dense reduction's 2^22), is kiln's scatter-add kernel, head by head
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    _train_like_eager(_BiasNet(), (_x(15, 2, 4, 60, 60),))
+    ops = [o for r in kb.records() for o in r["fallback_ops"]]
+    assert not ops, ops
+    _no_fallback()
+
+
 class _GroupNet(nn.Module):
     """RegNet's and ConvMixer's convolutions in small: a 3x3 in 2 groups of
     16 channels (a product per group), a 7x7 depthwise over 9² (rows of

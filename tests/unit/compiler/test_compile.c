@@ -3451,6 +3451,123 @@ static kiln_graph_t *index_add_rows_graph(const char *dt, int64_t V, int64_t E,
 	return end_graph(&b, 3, 1, "index_add of rows");
 }
 
+/* index_put(self xs, [None] * k + [idx is], vals, accumulate) with values
+ * of the indexed shape xs[:k] + is + xs[k+1:] (LeViT's attention biases:
+ * [heads, positions] indexed on dim 1 by [N, N]) */
+static kiln_graph_t *index_put_dim_graph(const char *dt, const int64_t *xs,
+					 uint32_t xr, uint32_t k,
+					 const int64_t *is, uint32_t ir)
+{
+	int64_t vs[8];
+	uint32_t vr = 0;
+	for (uint32_t j = 0; j < k; j++)
+		vs[vr++] = xs[j];
+	for (uint32_t j = 0; j < ir; j++)
+		vs[vr++] = is[j];
+	for (uint32_t j = k + 1; j < xr; j++)
+		vs[vr++] = xs[j];
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 3);
+	specn(&b, dt, xs, xr);
+	specn(&b, "i64", is, ir);
+	specn(&b, dt, vs, vr);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.index_put.default", 4); /* value 3 */
+	ref(&b, 0);
+	msgpack_pack_array(&b.pk, k + 1);
+	for (uint32_t j = 0; j < k; j++)
+		msgpack_pack_nil(&b.pk);
+	ref(&b, 1);
+	ref(&b, 2);
+	msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, dt, xs, xr);
+	return end_graph(&b, 3, 1, "index_put along a dim");
+}
+
+/* index_add(self xs, k, idx [E], src xs with E at k, alpha=2) */
+static kiln_graph_t *index_add_dim_graph(const char *dt, const int64_t *xs,
+					 uint32_t xr, uint32_t k, int64_t E)
+{
+	int64_t ss[8];
+	for (uint32_t j = 0; j < xr; j++)
+		ss[j] = j == k ? E : xs[j];
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 3);
+	specn(&b, dt, xs, xr);
+	const int64_t e1[1] = {E};
+	specn(&b, "i64", e1, 1);
+	specn(&b, dt, ss, xr);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head_kw(&b, "aten.index_add.default", 4); /* value 3 */
+	ref(&b, 0);
+	msgpack_pack_int64(&b.pk, k);
+	ref(&b, 1);
+	ref(&b, 2);
+	s(&b, "kwargs");
+	msgpack_pack_map(&b.pk, 1);
+	s(&b, "alpha");
+	msgpack_pack_double(&b.pk, 2.0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, dt, xs, xr);
+	return end_graph(&b, 3, 1, "index_add along a dim");
+}
+
+/* Scatters along dim 1 (a leading dim P scattered p by p: units over p
+ * and blocks of columns), of a vector (a unit dim of columns) and of dims
+ * with nothing after them are scatter-add kernels too, against the
+ * interpreter: LeViT's bias gradient (index_put of [4, 400] on dim 1 by
+ * [60, 60]), index_put of [3, 500, 7] on dim 1, of a [5000] vector,
+ * index_add of [2, 700, 9] and [3, 2000] on dim 1. */
+Test(lowering, scatters_along_dim_1_are_scatter_kernels)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		const char *dt;
+		int64_t xs[3];
+		uint32_t xr, k;
+		int64_t is[2];
+		uint32_t ir;
+	} ip[] = {
+	    {"f32", {4, 400, 0}, 2, 1, {60, 60}, 2},
+	    {"f64", {3, 500, 7}, 3, 1, {900, 0}, 1},
+	    {"f32", {5000, 0, 0}, 1, 0, {1200, 0}, 1},
+	};
+	for (size_t i = 0; i < sizeof(ip) / sizeof(ip[0]); i++) {
+		char what[64];
+		snprintf(what, sizeof(what), "index_put case %zu", i);
+		kiln_graph_t *g = index_put_dim_graph(
+		    ip[i].dt, ip[i].xs, ip[i].xr, ip[i].k, ip[i].is, ip[i].ir);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "scatter-add", true, what);
+		check_scatter_graph(kc, g, ip[i].xs[ip[i].k], true, what);
+		kiln_graph_free(g);
+	}
+	static const struct {
+		const char *dt;
+		int64_t xs[3];
+		uint32_t xr;
+		int64_t E;
+	} ia[] = {{"f32", {2, 700, 9}, 3, 500}, {"f64", {3, 2000, 0}, 2, 1000}};
+	for (size_t i = 0; i < sizeof(ia) / sizeof(ia[0]); i++) {
+		char what[64];
+		snprintf(what, sizeof(what), "index_add case %zu", i);
+		kiln_graph_t *g = index_add_dim_graph(ia[i].dt, ia[i].xs,
+						      ia[i].xr, 1, ia[i].E);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "scatter-add", true, what);
+		check_scatter_graph(kc, g, ia[i].xs[1], false, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* A large scatter_add of whole rows and an accumulating index_put or an
  * index_add of whole rows are scatter-add kernels onto self, against the
  * interpreter: negative indices count from V (but index_add's, which

@@ -1309,12 +1309,27 @@ def bad_cases():
                         [R0, R1, R2, {"ref": 3}, 0], [f45, f41])], [{"ref": 4}]),
            [zeros_entry("f32", [4, 5])] * 2 + [zeros_entry("f32", [4, 1]), zeros_entry("f32", [1, 5])],
            "invalid_graph", "saved_norms has shape [1,5], expected [4,1]")
+    yield ("weight_norm_bw_grad_shape",
+           graph1([spec("f32", [4, 4]), f45, f41, f41],
+                  [node("aten._weight_norm_interface_backward.default",
+                        [R0, R1, R2, {"ref": 3}, 0], [f45, f41])], [{"ref": 4}]),
+           [zeros_entry("f32", [4, 4]), zeros_entry("f32", [4, 5])] + [zeros_entry("f32", [4, 1])] * 2,
+           "invalid_graph", "grad_w has shape [4,4], expected [4,5]")
     # index_add: source not of self's shape with index's length at dim
     yield ("index_add_source_shape",
            graph1([f23, spec("i64", [2]), spec("f32", [3, 3])],
                   [node("aten.index_add.default", [R0, 0, R1, R2], [f23])], [{"ref": 3}]),
            [z23, zeros_entry("i64", [2]), zeros_entry("f32", [3, 3])], "invalid_graph",
            "source must have self's shape with index's length at dim 0 (dim 0 differs)")
+    yield ("index_add_index_2d",
+           graph1([f23, spec("i64", [2, 1]), f23],
+                  [node("aten.index_add.default", [R0, 0, R1, R2], [f23])], [{"ref": 3}]),
+           [z23, zeros_entry("i64", [2, 1]), z23], "invalid_graph", "index must be 0-D or 1-D")
+    yield ("index_add_source_dtype",
+           graph1([f23, spec("i64", [2]), spec("f64", [2, 3])],
+                  [node("aten.index_add.default", [R0, 0, R1, R2], [f23])], [{"ref": 3}]),
+           [z23, zeros_entry("i64", [2]), zeros_entry("f64", [2, 3])], "invalid_graph",
+           "source must have self's dtype")
     # as_strided_scatter: src not of the view's size, a view past self's
     # elements; copy: src that does not broadcast (each also rejected by
     # the compiler)

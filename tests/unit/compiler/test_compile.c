@@ -5536,7 +5536,8 @@ Test(compile, empty_strided_bad_arguments)
 }
 
 /* _weight_norm_interface and its backward with g or saved_norms not of
- * v's shape with 1 in every dim but dim, or an integer v
+ * v's shape with 1 in every dim but dim, grad_w not of v's shape, or an
+ * integer v
  * (tests/data/bad/weight_norm_*): rejected as the interpreter rejects
  * them. */
 Test(compile, weight_norm_bad_arguments)
@@ -5547,19 +5548,22 @@ Test(compile, weight_norm_bad_arguments)
 	    {"weight_norm_v_int", "v must be floating, not i64"},
 	    {"weight_norm_bw_norms_shape",
 	     "norms must have v's shape with 1 in every dim but dim"},
+	    {"weight_norm_bw_grad_shape", "grad_w must have v's shape"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
-/* index_add with a source not of self's shape with index's length at dim
- * (tests/data/bad/index_add_source_shape): rejected as the interpreter
- * rejects it. */
+/* index_add with a source not of self's shape with index's length at dim,
+ * a 2-D index or a source of another dtype (tests/data/bad/index_add_*):
+ * rejected as the interpreter rejects them. */
 Test(compile, index_add_bad_arguments)
 {
 	static const badcase_t bad[] = {
 	    {"index_add_source_shape",
 	     "source must have self's shape with index's length at dim 0 "
 	     "(dim 0 differs)"},
+	    {"index_add_index_2d", "index must be 0-D or 1-D"},
+	    {"index_add_source_dtype", "source must have self's dtype"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

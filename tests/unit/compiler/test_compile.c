@@ -3396,61 +3396,6 @@ static kiln_graph_t *scatter_rows_graph(const char *dt, int64_t V, int64_t E,
 	return end_graph(&b, 5, 1, "scatter_add of rows");
 }
 
-/* index_put(self [V, D], [idx [I0, I1]], vals [I0, I1, D], accumulate):
- * the gradient of weight[ids] */
-static kiln_graph_t *index_put_rows_graph(const char *dt, int64_t V, int64_t I0,
-					  int64_t I1, int64_t D)
-{
-	gb_t b;
-	gb_init(&b);
-	graph_head(&b, 3);
-	spec2(&b, dt, V, D);
-	spec2(&b, "i64", I0, I1);
-	const int64_t v3[3] = {I0, I1, D};
-	specn(&b, dt, v3, 3);
-	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, 1);
-	node_head(&b, "aten.index_put.default", 4); /* value 3 */
-	ref(&b, 0);
-	msgpack_pack_array(&b.pk, 1);
-	ref(&b, 1);
-	ref(&b, 2);
-	msgpack_pack_true(&b.pk);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 1);
-	spec2(&b, dt, V, D);
-	return end_graph(&b, 3, 1, "index_put of rows");
-}
-
-/* index_add(self [V, D], 0, idx [E], src [E, D], alpha): a mixture of
- * experts summing its experts' outputs per token */
-static kiln_graph_t *index_add_rows_graph(const char *dt, int64_t V, int64_t E,
-					  int64_t D, double alpha)
-{
-	gb_t b;
-	gb_init(&b);
-	graph_head(&b, 3);
-	spec2(&b, dt, V, D);
-	const int64_t e1[1] = {E};
-	specn(&b, "i64", e1, 1);
-	spec2(&b, dt, E, D);
-	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, 1);
-	node_head_kw(&b, "aten.index_add.default", 4); /* value 3 */
-	ref(&b, 0);
-	msgpack_pack_int64(&b.pk, 0);
-	ref(&b, 1);
-	ref(&b, 2);
-	s(&b, "kwargs");
-	msgpack_pack_map(&b.pk, 1);
-	s(&b, "alpha");
-	msgpack_pack_double(&b.pk, alpha);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 1);
-	spec2(&b, dt, V, D);
-	return end_graph(&b, 3, 1, "index_add of rows");
-}
-
 /* index_put(self xs, [None] * k + [idx is], vals, accumulate) with values
  * of the indexed shape xs[:k] + is + xs[k+1:] (LeViT's attention biases:
  * [heads, positions] indexed on dim 1 by [N, N]) */
@@ -3488,9 +3433,10 @@ static kiln_graph_t *index_put_dim_graph(const char *dt, const int64_t *xs,
 	return end_graph(&b, 3, 1, "index_put along a dim");
 }
 
-/* index_add(self xs, k, idx [E], src xs with E at k, alpha=2) */
+/* index_add(self xs, k, idx [E], src xs with E at k, alpha) */
 static kiln_graph_t *index_add_dim_graph(const char *dt, const int64_t *xs,
-					 uint32_t xr, uint32_t k, int64_t E)
+					 uint32_t xr, uint32_t k, int64_t E,
+					 double alpha)
 {
 	int64_t ss[8];
 	for (uint32_t j = 0; j < xr; j++)
@@ -3512,11 +3458,29 @@ static kiln_graph_t *index_add_dim_graph(const char *dt, const int64_t *xs,
 	s(&b, "kwargs");
 	msgpack_pack_map(&b.pk, 1);
 	s(&b, "alpha");
-	msgpack_pack_double(&b.pk, 2.0);
+	msgpack_pack_double(&b.pk, alpha);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	specn(&b, dt, xs, xr);
 	return end_graph(&b, 3, 1, "index_add along a dim");
+}
+
+/* index_put(self [V, D], [idx [I0, I1]], vals [I0, I1, D], accumulate):
+ * the gradient of weight[ids] */
+static kiln_graph_t *index_put_rows_graph(const char *dt, int64_t V, int64_t I0,
+					  int64_t I1, int64_t D)
+{
+	const int64_t xs[2] = {V, D}, is[2] = {I0, I1};
+	return index_put_dim_graph(dt, xs, 2, 0, is, 2);
+}
+
+/* index_add(self [V, D], 0, idx [E], src [E, D], alpha): a mixture of
+ * experts summing its experts' outputs per token */
+static kiln_graph_t *index_add_rows_graph(const char *dt, int64_t V, int64_t E,
+					  int64_t D, double alpha)
+{
+	const int64_t xs[2] = {V, D};
+	return index_add_dim_graph(dt, xs, 2, 0, E, alpha);
 }
 
 /* Scatters along dim 1 (a leading dim P scattered p by p: units over p
@@ -3558,8 +3522,8 @@ Test(lowering, scatters_along_dim_1_are_scatter_kernels)
 	for (size_t i = 0; i < sizeof(ia) / sizeof(ia[0]); i++) {
 		char what[64];
 		snprintf(what, sizeof(what), "index_add case %zu", i);
-		kiln_graph_t *g = index_add_dim_graph(ia[i].dt, ia[i].xs,
-						      ia[i].xr, 1, ia[i].E);
+		kiln_graph_t *g = index_add_dim_graph(
+		    ia[i].dt, ia[i].xs, ia[i].xr, 1, ia[i].E, 2.0);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "scatter-add", true, what);
 		check_scatter_graph(kc, g, ia[i].xs[1], false, what);

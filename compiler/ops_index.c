@@ -445,14 +445,35 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 	}
 	vsz[ir + 1] = g->sizes[ir];
 	gpos[ir] = ix_var(c, ir + 1);
-	if (!freq && (odt == KILN_DT_F32 || odt == KILN_DT_F64) &&
+	if ((odt == KILN_DT_F32 || odt == KILN_DT_F64) &&
 	    vwork_over(c, ir + 2, vsz)) {
 		/* a language model's: a scatter-add kernel, not the
-		 * O(V·N·D) reduction */
-		lt_t *s;
+		 * O(V·N·D) reduction; with scale_grad_by_freq divided by a
+		 * second one's counts (a column of ones scattered) */
+		lt_t *s, *cnt;
 		scat_t sp = {NULL, pad, false, false};
 		rc = lscatter(n, ix, g, vsz[0], sp, odt, &s);
-		return rc != 0 ? rc : lset(n, 0, s);
+		if (rc != 0 || !freq)
+			return rc != 0 ? rc : lset(n, 0, s);
+		kiln_dim_t osz[CIR_MAX_RANK];
+		memcpy(osz, ix->sizes, ir * sizeof(kiln_dim_t));
+		osz[ir] = dim_const(1);
+		lt_t *ones = lt_fn(c, odt, ir + 1, osz, sxf(c, 1, acc));
+		if (ones == NULL)
+			return -ENOMEM;
+		scat_t cp = {NULL, NULL, false, false};
+		rc = lscatter(n, ix, ones, vsz[0], cp, odt, &cnt);
+		if (rc != 0)
+			return rc;
+		const kiln_expr_t *v0[2] = {ix_var(c, 0), ix_const(c, 0)};
+		const sx_t *cv = lt_at(c, cnt, v0);
+		kiln_dim_t vd[2] = {vsz[0], vsz[ir + 1]};
+		return lset(
+		    n, 0,
+		    lt_fn(c, odt, 2, vd,
+			  sx_where(c, sx_bin(c, OP_GT, cv, zero(c, acc)),
+				   sx_bin(c, OP_DIV, lt_body(c, s), cv),
+				   zero(c, acc))));
 	}
 	const sx_t *row = sx_index(c, ix_var(c, 0));
 	const sx_t *hit =

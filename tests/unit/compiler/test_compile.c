@@ -3604,8 +3604,9 @@ Test(lowering, row_scatters_onto_self_are_scatter_kernels)
  * vocabulary. Past 2^22 pairs (an [8192, 512] embedding over 512 tokens is
  * 2^31: 160 ms a training step as a reduction) the gradient is a
  * scatter-add kernel, O(V·D + N·D), whose units own blocks of columns;
- * scale_grad_by_freq there stays a fallback step that torch runs, and the
- * report says why. */
+ * with scale_grad_by_freq a second one counts each row's tokens. A
+ * scatter of single elements that large stays a fallback step that torch
+ * runs, and the report says why. */
 Test(lowering, large_embedding_gradients_are_scatter_kernels)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -3620,40 +3621,72 @@ Test(lowering, large_embedding_gradients_are_scatter_kernels)
 			  true, "[8192, 512] of 512");
 	kiln_graph_free(big);
 	kiln_graph_t *freq = embedding_bw_graph(8192, 512, 512, true);
+	expect_report_has(kc, freq, "fallback", false,
+			  "scale_grad_by_freq, [8192, 512] of 512");
 	expect_report_has(kc, freq,
-			  "fallback step <- node 1 "
-			  "aten.embedding_dense_backward.default (run by "
-			  "torch: as a dense reduction it would visit more "
-			  "than 4194304 elements",
-			  true, "scale_grad_by_freq, [8192, 512] of 512");
+			  "scatter-add [8192, 1] of [1, 512] source rows", true,
+			  "scale_grad_by_freq, [8192, 512] of 512");
 	kiln_graph_free(freq);
+	/* a scatter_add whose index differs along the columns is no row
+	 * scatter: past 2^22 pairs a fallback step, and the report says why */
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 3);
+	spec2(&b, "f32", 4096, 64);
+	spec2(&b, "f32", 512, 64);
+	spec2(&b, "i64", 512, 64);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten.scatter_add.default", 4);
+	ref(&b, 0);
+	msgpack_pack_int64(&b.pk, 0);
+	ref(&b, 2);
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec2(&b, "f32", 4096, 64);
+	kiln_graph_t *el = end_graph(&b, 3, 1, "scatter_add of elements");
+	cr_assert(el != NULL);
+	expect_report_has(kc, el,
+			  "fallback step <- node 0 aten.scatter_add.default "
+			  "(run by torch: as a dense reduction it would visit "
+			  "more than 4194304 elements (kiln's scatter-add "
+			  "kernel takes whole rows only)",
+			  true, "scatter_add of elements");
+	kiln_graph_free(el);
 	kiln_compiler_free(kc);
 }
 
 /* The scatter-add kernel against the interpreter: f32 and f64, a width
  * that is not a multiple of the unit's columns or of a vector (a tail of
- * each), one under a vector, 2-D indices with repeats, a padding row, and
- * indices outside [0, V), which it skips. */
+ * each), one under a vector, 2-D indices with repeats, a padding row,
+ * indices outside [0, V), which it skips, and scale_grad_by_freq. */
 Test(lowering, scatter_kernels_match_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
 	static const struct {
 		const char *dt;
 		int64_t V, I0, I1, D, pad;
+		bool freq;
 	} cases[] = {
-	    {"f32", 4099, 3, 700, 100, 7}, {"f64", 4099, 3, 700, 100, -1},
-	    {"f32", 65536, 2, 300, 3, 11}, {"f32", 2053, 4, 513, 64, 0},
-	    {"f64", 3001, 2, 1024, 77, 5},
+	    {"f32", 4099, 3, 700, 100, 7, false},
+	    {"f64", 4099, 3, 700, 100, -1, false},
+	    {"f32", 65536, 2, 300, 3, 11, false},
+	    {"f32", 2053, 4, 513, 64, 0, false},
+	    {"f64", 3001, 2, 1024, 77, 5, false},
+	    {"f32", 4099, 3, 700, 100, 7, true},
+	    {"f64", 3001, 2, 1024, 77, -1, true},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char what[96];
-		snprintf(what, sizeof(what), "%s V=%lld [%lld, %lld, %lld]",
+		snprintf(what, sizeof(what), "%s V=%lld [%lld, %lld, %lld]%s",
 			 cases[i].dt, (long long)cases[i].V,
 			 (long long)cases[i].I0, (long long)cases[i].I1,
-			 (long long)cases[i].D);
+			 (long long)cases[i].D,
+			 cases[i].freq ? " scale_grad_by_freq" : "");
 		kiln_graph_t *g = embedding_bw_graph_ex(
 		    cases[i].dt, cases[i].V, cases[i].I0, cases[i].I1,
-		    cases[i].D, cases[i].pad, false);
+		    cases[i].D, cases[i].pad, cases[i].freq);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "scatter-add", true, what);
 		check_embedding_bw(kc, g, cases[i].V, cases[i].pad, what);

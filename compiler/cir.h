@@ -444,7 +444,7 @@ int64_t cg_conv_implicit_units(int64_t cols);
 #define CG_CONV_IMPLICIT_MIN_UNITS 4
 /* codegen.c: the columns a unit of a scatter-add kernel owns (it runs
  * every source position for them, so no two units write one element) */
-int64_t cg_scatter_cols(cctx_t *c, kiln_dtype_t dt);
+int64_t cg_scatter_cols(cctx_t *c, const cnode_t *n);
 /* codegen.c: the column block of a product's units (0: all of N) */
 int64_t cg_gemm_col_block(cctx_t *c, const cnode_t *n);
 /* codegen.c: whether a product node is multiplied by the GEMM template

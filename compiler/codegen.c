@@ -4800,15 +4800,25 @@ static void gen_conv_implicit_body(gen_t *g, LLVMValueRef begin,
 	loop_end(g, &U);
 }
 
-int64_t cg_scatter_cols(cctx_t *c, kiln_dtype_t dt)
+int64_t cg_scatter_cols(cctx_t *c, const cnode_t *n)
 {
 	/* 512 bytes of each row (a multiple of any vector): [8192, 512] from
 	 * 512 rows 0.37-0.40 ms with 256 bytes, 0.26-0.27 with 512, 0.23-0.29
 	 * with 1024; [50272, 768] from 1024 rows (3 units of 1024 bytes
 	 * leave a thread idle on 2) 8.3-8.5, 7.7-8.1 and 10.6 ms (kilnc
-	 * --bench, 2 threads, a Zen 4) */
-	(void)c;
-	return dt == KILN_DT_F64 ? 64 : 128;
+	 * --bench, 2 threads, a Zen 4). Narrower, down to a cache line,
+	 * where that leaves fewer than 4 units: a [50272, 64] gradient was
+	 * one unit, one thread zeroing all of it. */
+	kiln_dtype_t dt = c->bufs[n->buf].dtype;
+	int64_t es = dt == KILN_DT_F64 ? 8 : 4, cols = 512 / es;
+	int64_t units = 1;
+	for (uint32_t k = 0; k + 2 < n->frank; k++)
+		units *= n->fsizes[k].e == NULL ? n->fsizes[k].c : 4;
+	kiln_dim_t D = n->fsizes[n->frank - 1];
+	if (D.e == NULL)
+		while (cols * es > 64 && units * ((D.c + cols - 1) / cols) < 4)
+			cols /= 2;
+	return cols;
 }
 
 /* Adds the columns [d0, d1) of a source row s into the output row o (add),
@@ -4860,7 +4870,7 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	const lt_t *ix = n->ga, *src = n->gb;
 	kiln_dtype_t dt = c->bufs[n->buf].dtype;
 	LLVMTypeRef et = cg_scalar_type(g, dt);
-	int64_t cols = cg_scatter_cols(c, dt);
+	int64_t cols = cg_scatter_cols(c, n);
 	int w = c->vec_width > 0 ? c->vec_width : 8;
 	if (dt == KILN_DT_F64)
 		w = w > 1 ? w / 2 : 1;
@@ -4979,7 +4989,7 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 static void scatter_extent(cctx_t *c, kernel_t *k)
 {
 	const cnode_t *n = &c->nodes[k->members[0].node];
-	int64_t cols = cg_scatter_cols(c, c->bufs[n->buf].dtype);
+	int64_t cols = cg_scatter_cols(c, n);
 	uint32_t pre = n->frank == 3 ? 1 : 0;
 	const kiln_expr_t *e = ix_floordiv(
 	    c, ix_add(c, ix_dim(c, n->fsizes[pre + 1]), ix_const(c, cols - 1)),

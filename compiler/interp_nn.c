@@ -391,6 +391,11 @@ int kiln__op_index_add(ictx_t *c, int code)
 	KI_TRY(kiln__i_tensor(c, 3, "source", &src));
 	KI_TRY(kiln__i_num(c, 4, "alpha", false, 1, &alpha));
 	KI_TRY(need_index(c, ix, "index"));
+	if (!ki_isf(x->dt) && alpha != (double)(int64_t)alpha)
+		return kiln__i_bad(c,
+				   "alpha must be an integer for an integer "
+				   "self, not %g",
+				   alpha);
 	if (x->rank == 0)
 		return kiln__i_unsup(c, "index_add of a 0-d self");
 	KI_TRY(kiln__i_dim(c, dim, x->rank, &d));
@@ -427,9 +432,15 @@ int kiln__op_index_add(ictx_t *c, int code)
 		int64_t to = 0;
 		for (uint32_t j = 0; j < o->rank; j++)
 			to += (j == d ? v : idx[j]) * o->stride[j];
-		ki_setf(o, to,
-			ki_getf(o, to) +
-			    alpha * ki_getf(src, ki_off(src, idx)));
+		if (ki_isf(o->dt))
+			ki_setf(o, to,
+				ki_getf(o, to) +
+				    alpha * ki_getf(src, ki_off(src, idx)));
+		else /* exact past 2^53 */
+			ki_seti(o, to,
+				ki_geti(o, to) +
+				    (int64_t)alpha *
+					ki_geti(src, ki_off(src, idx)));
 	} while (ki_next(idx, src->size, src->rank));
 	return 0;
 }

@@ -1179,10 +1179,14 @@ int kiln__op_weight_norm(ictx_t *c, int code)
 			}
 	if (rc == 0)
 		rc = kiln__i_from_f(c, &c->out[0], v->dt, v->rank, v->size, vv);
-	kiln_dtype_t sdt = bw			  ? g->dt
-			   : v->dt == KILN_DT_F64 ? KILN_DT_F64
-						  : KILN_DT_F32;
-	if (rc == 0)
+	/* norms in g's dtype (f32 for bf16), as torch's decomposition
+	 * declares them, or as the node declares; grad_g in g's */
+	kiln_dtype_t sdt = g->dt == KILN_DT_BF16 && !bw ? KILN_DT_F32 : g->dt;
+	const kiln_value_t *o1 =
+	    c->nd->n_out > 1 ? &c->g->values[c->nd->out_first + 1] : NULL;
+	if (o1 != NULL && o1->kind == KILN_VAL_TENSOR)
+		sdt = o1->dtype;
+	if (rc == 0 && o1 != NULL)
 		rc = kiln__i_from_f(c, &c->out[1], sdt, v->rank, gs, sum);
 	free(vv);
 	free(gv);

@@ -787,6 +787,11 @@ int low_index_add(cctx_t *c, lnode_t *n)
 		rc = need_index(n, ix, "index");
 	if (rc != 0)
 		return rc;
+	if (!kiln_dtype_is_float(x->dtype) && alpha != (double)(int64_t)alpha)
+		return lerr(n, KILN_EINVGRAPH,
+			    "alpha must be an integer for an integer self, "
+			    "not %g",
+			    alpha);
 	if (x->rank == 0)
 		return lerr(n, KILN_EUNSUPOP, "index_add of a 0-d self");
 	uint32_t ud, r = x->rank;

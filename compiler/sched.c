@@ -1082,8 +1082,7 @@ char *sched_report(cctx_t *c)
 				  " source rows, columns in blocks of %lld "
 				  "(a unit %s and adds every row into them), "
 				  "buf%u%s  <- node %d %s\n",
-				  (long long)cg_scatter_cols(
-				      c, c->bufs[n->buf].dtype),
+				  (long long)cg_scatter_cols(c, n),
 				  n->scat_base != NULL ? "copies self's columns"
 						       : "zeroes its columns",
 				  n->buf,

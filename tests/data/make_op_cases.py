@@ -1325,6 +1325,12 @@ def bad_cases():
            graph1([f23, spec("i64", [2, 1]), f23],
                   [node("aten.index_add.default", [R0, 0, R1, R2], [f23])], [{"ref": 3}]),
            [z23, zeros_entry("i64", [2, 1]), z23], "invalid_graph", "index must be 0-D or 1-D")
+    yield ("index_add_int_alpha",
+           graph1([spec("i64", [2, 3]), spec("i64", [2]), spec("i64", [2, 3])],
+                  [node("aten.index_add.default", [R0, 0, R1, R2], [spec("i64", [2, 3])],
+                        kwargs={"alpha": 2.5})], [{"ref": 3}]),
+           [zeros_entry("i64", [2, 3]), zeros_entry("i64", [2]), zeros_entry("i64", [2, 3])],
+           "invalid_graph", "alpha must be an integer for an integer self, not 2.5")
     yield ("index_add_source_dtype",
            graph1([f23, spec("i64", [2]), spec("f64", [2, 3])],
                   [node("aten.index_add.default", [R0, 0, R1, R2], [f23])], [{"ref": 3}]),

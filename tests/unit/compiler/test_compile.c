@@ -3620,6 +3620,11 @@ Test(lowering, large_embedding_gradients_are_scatter_kernels)
 			  "scatter-add [8192, 512] of [1, 512] source rows",
 			  true, "[8192, 512] of 512");
 	kiln_graph_free(big);
+	/* 64 columns: blocks of 16 (a cache line), 4 units, not one */
+	kiln_graph_t *narrow = embedding_bw_graph(50272, 32, 64, false);
+	expect_report_has(kc, narrow, "columns in blocks of 16 ", true,
+			  "[50272, 64] of 32");
+	kiln_graph_free(narrow);
 	kiln_graph_t *freq = embedding_bw_graph(8192, 512, 512, true);
 	expect_report_has(kc, freq, "fallback", false,
 			  "scale_grad_by_freq, [8192, 512] of 512");
@@ -5551,8 +5556,9 @@ Test(compile, weight_norm_bad_arguments)
 }
 
 /* index_add with a source not of self's shape with index's length at dim,
- * a 2-D index or a source of another dtype (tests/data/bad/index_add_*):
- * rejected as the interpreter rejects them. */
+ * a 2-D index, a source of another dtype or a fractional alpha for an
+ * integer self (tests/data/bad/index_add_*): rejected as the interpreter
+ * rejects them (torch rejects the alpha too). */
 Test(compile, index_add_bad_arguments)
 {
 	static const badcase_t bad[] = {
@@ -5561,6 +5567,8 @@ Test(compile, index_add_bad_arguments)
 	     "(dim 0 differs)"},
 	    {"index_add_index_2d", "index must be 0-D or 1-D"},
 	    {"index_add_source_dtype", "source must have self's dtype"},
+	    {"index_add_int_alpha",
+	     "alpha must be an integer for an integer self, not 2.5"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

@@ -3355,6 +3355,17 @@ static void check_scatter_graph(kiln_compiler_t *kc, const kiln_graph_t *g,
 	kiln_module_free(m);
 }
 
+/* g (freed here) compiles to a scatter-add kernel that matches the
+ * interpreter (check_scatter_graph) */
+static void expect_scatter_kernel(kiln_compiler_t *kc, kiln_graph_t *g,
+				  int64_t V, bool neg, const char *what)
+{
+	cr_assert(g != NULL, "%s", what);
+	expect_report_has(kc, g, "scatter-add", true, what);
+	check_scatter_graph(kc, g, V, neg, what);
+	kiln_graph_free(g);
+}
+
 /* scatter_add(self [V, D], 0, idx [E] viewed [E, 1] and expanded to [E,
  * D], src [E, D]): a graph network's messages summed per node */
 static kiln_graph_t *scatter_rows_graph(const char *dt, int64_t V, int64_t E,
@@ -3508,10 +3519,7 @@ Test(lowering, scatters_along_dim_1_are_scatter_kernels)
 		snprintf(what, sizeof(what), "index_put case %zu", i);
 		kiln_graph_t *g = index_put_dim_graph(
 		    ip[i].dt, ip[i].xs, ip[i].xr, ip[i].k, ip[i].is, ip[i].ir);
-		cr_assert(g != NULL, "%s", what);
-		expect_report_has(kc, g, "scatter-add", true, what);
-		check_scatter_graph(kc, g, ip[i].xs[ip[i].k], true, what);
-		kiln_graph_free(g);
+		expect_scatter_kernel(kc, g, ip[i].xs[ip[i].k], true, what);
 	}
 	static const struct {
 		const char *dt;
@@ -3524,10 +3532,7 @@ Test(lowering, scatters_along_dim_1_are_scatter_kernels)
 		snprintf(what, sizeof(what), "index_add case %zu", i);
 		kiln_graph_t *g = index_add_dim_graph(
 		    ia[i].dt, ia[i].xs, ia[i].xr, 1, ia[i].E, 2.0);
-		cr_assert(g != NULL, "%s", what);
-		expect_report_has(kc, g, "scatter-add", true, what);
-		check_scatter_graph(kc, g, ia[i].xs[1], false, what);
-		kiln_graph_free(g);
+		expect_scatter_kernel(kc, g, ia[i].xs[1], false, what);
 	}
 	kiln_compiler_free(kc);
 }
@@ -3552,10 +3557,7 @@ Test(lowering, row_scatters_onto_self_are_scatter_kernels)
 			 (long long)sc[i].D);
 		kiln_graph_t *g =
 		    scatter_rows_graph(sc[i].dt, sc[i].V, sc[i].E, sc[i].D);
-		cr_assert(g != NULL, "%s", what);
-		expect_report_has(kc, g, "scatter-add", true, what);
-		check_scatter_graph(kc, g, sc[i].V, true, what);
-		kiln_graph_free(g);
+		expect_scatter_kernel(kc, g, sc[i].V, true, what);
 	}
 	kiln_graph_t *small = scatter_rows_graph("f32", 16, 20, 8);
 	expect_report_has(kc, small, "scatter-add", false, "small scatter_add");
@@ -3573,10 +3575,7 @@ Test(lowering, row_scatters_onto_self_are_scatter_kernels)
 			 (long long)ip[i].I1, (long long)ip[i].D);
 		kiln_graph_t *g = index_put_rows_graph(
 		    ip[i].dt, ip[i].V, ip[i].I0, ip[i].I1, ip[i].D);
-		cr_assert(g != NULL, "%s", what);
-		expect_report_has(kc, g, "scatter-add", true, what);
-		check_scatter_graph(kc, g, ip[i].V, true, what);
-		kiln_graph_free(g);
+		expect_scatter_kernel(kc, g, ip[i].V, true, what);
 	}
 	static const struct {
 		const char *dt;
@@ -3591,10 +3590,7 @@ Test(lowering, row_scatters_onto_self_are_scatter_kernels)
 			 (long long)ia[i].D);
 		kiln_graph_t *g = index_add_rows_graph(
 		    ia[i].dt, ia[i].V, ia[i].E, ia[i].D, ia[i].alpha);
-		cr_assert(g != NULL, "%s", what);
-		expect_report_has(kc, g, "scatter-add", true, what);
-		check_scatter_graph(kc, g, ia[i].V, false, what);
-		kiln_graph_free(g);
+		expect_scatter_kernel(kc, g, ia[i].V, false, what);
 	}
 	kiln_compiler_free(kc);
 }

@@ -179,34 +179,14 @@ static uint32_t last_dims(uint32_t r, uint32_t nn)
 	return m;
 }
 
-int low_layer_norm(cctx_t *c, lnode_t *n)
+/* Layer norm of x0 over its last nn dims (w, b: optional, of those dims'
+ * shape): y in odt; mean and rstd (keepdim) in odt's compute dtype. */
+int lnorm(lnode_t *n, const lt_t *x0, uint32_t nn, const lt_t *w, const lt_t *b,
+	  double eps, kiln_dtype_t odt, lt_t **yo, lt_t **meano, lt_t **rstdo)
 {
-	lt_t *x0, *w, *b;
-	double eps;
-	const kiln_expr_t *ns[CIR_MAX_RANK];
-	uint32_t nn;
-	int rc = ltensor(n, 0, "input", &x0);
-	if (rc == 0)
-		rc = lsizelist(n, 1, "normalized_shape", ns, &nn);
-	if (rc == 0)
-		rc = ltensor_opt(n, 2, "weight", &w);
-	if (rc == 0)
-		rc = ltensor_opt(n, 3, "bias", &b);
-	if (rc == 0)
-		rc = lfloat(n, 4, "eps", 1e-5, &eps);
-	if (rc != 0)
-		return rc;
-	if (nn == 0 || nn > x0->rank)
-		return lerr(n, KILN_EINVGRAPH,
-			    "normalized_shape must have 1..rank dims");
+	cctx_t *c = n->c;
 	uint32_t r = x0->rank;
-	for (uint32_t i = 0; i < nn; i++)
-		if (!dim_eq(dim_of(ns[i]), x0->sizes[r - nn + i]))
-			return lerr(n, KILN_EINVGRAPH,
-				    "normalized_shape does not match the "
-				    "input's last %u dims",
-				    nn);
-	kiln_dtype_t odt = decl_dt(n, 0, x0->dtype);
+	int rc;
 	kiln_dtype_t acc = compute_dtype(odt);
 	lt_t *x = as_dt(c, x0, acc);
 	if (x == NULL)
@@ -244,11 +224,50 @@ int low_layer_norm(cctx_t *c, lnode_t *n)
 	if (b != NULL)
 		y = sx_bin(c, OP_ADD, y,
 			   sx_cast(c, lt_bcast_body(c, b, r, x->sizes), acc));
-	rc = lset(n, 0, lt_fn(c, odt, r, x->sizes, y));
+	*yo = lt_fn(c, odt, r, x->sizes, y);
+	if (meano != NULL)
+		*meano = mean;
+	if (rstdo != NULL)
+		*rstdo = rstd;
+	return *yo ? 0 : -ENOMEM;
+}
+
+int low_layer_norm(cctx_t *c, lnode_t *n)
+{
+	lt_t *x0, *w, *b;
+	double eps;
+	const kiln_expr_t *ns[CIR_MAX_RANK];
+	uint32_t nn;
+	int rc = ltensor(n, 0, "input", &x0);
+	if (rc == 0)
+		rc = lsizelist(n, 1, "normalized_shape", ns, &nn);
+	if (rc == 0)
+		rc = ltensor_opt(n, 2, "weight", &w);
+	if (rc == 0)
+		rc = ltensor_opt(n, 3, "bias", &b);
+	if (rc == 0)
+		rc = lfloat(n, 4, "eps", 1e-5, &eps);
+	if (rc != 0)
+		return rc;
+	if (nn == 0 || nn > x0->rank)
+		return lerr(n, KILN_EINVGRAPH,
+			    "normalized_shape must have 1..rank dims");
+	uint32_t r = x0->rank;
+	for (uint32_t i = 0; i < nn; i++)
+		if (!dim_eq(dim_of(ns[i]), x0->sizes[r - nn + i]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "normalized_shape does not match the "
+				    "input's last %u dims",
+				    nn);
+	lt_t *y, *mean, *rstd;
+	rc = lnorm(n, x0, nn, w, b, eps, decl_dt(n, 0, x0->dtype), &y, &mean,
+		   &rstd);
+	if (rc == 0)
+		rc = lset(n, 0, y);
 	if (rc == 0 && n->n->n_out > 1)
-		rc = lset(n, 1, as_dt(c, mean, decl_dt(n, 1, acc)));
+		rc = lset(n, 1, as_dt(c, mean, decl_dt(n, 1, mean->dtype)));
 	if (rc == 0 && n->n->n_out > 2)
-		rc = lset(n, 2, as_dt(c, rstd, decl_dt(n, 2, acc)));
+		rc = lset(n, 2, as_dt(c, rstd, decl_dt(n, 2, rstd->dtype)));
 	return rc;
 }
 

@@ -1022,6 +1022,8 @@ static const opdef_t optab[] = {
     OPS("_scaled_dot_product_flash_attention_for_cpu.default", sdpa, 0),
     OPS("_scaled_dot_product_flash_attention_for_cpu_backward.default", sdpa_bw,
 	0),
+    OPS("_native_multi_head_attention.default", mha, 0),
+    OPS("_transformer_encoder_layer_fwd.default", mha, 1),
 };
 
 static const opdef_t *find_op(const char *name)

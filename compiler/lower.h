@@ -101,6 +101,11 @@ int lgemm_node(lnode_t *n, const lt_t *a, const lt_t *b, const convspec_t *conv,
 	       kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sz,
 	       lt_t **out);
 
+/* Layer norm of x over its last nn dims, w and b optional (decompose.c):
+ * y in odt, mean and rstd (keepdim, may be NULL) in its compute dtype. */
+int lnorm(lnode_t *n, const lt_t *x, uint32_t nn, const lt_t *w, const lt_t *b,
+	  double eps, kiln_dtype_t odt, lt_t **y, lt_t **mean, lt_t **rstd);
+
 /* gelu of a float scalar expression (ops_pointwise.c). */
 const sx_t *sx_gelu(cctx_t *c, const sx_t *x, bool tanh_approx);
 

@@ -1120,6 +1120,70 @@ def build_nn():
     om, lm = sd(q, k, v, attn_mask=fm, scale=0.3)
     case(op, "mask_scale", lambda g, q, k, v, o, l, m: sdb(g, q, k, v, o, l, 0.0, False, attn_mask=m, scale=0.3),
          U(2, 2, 5, 4), q, k, v, om, lm, fm)
+    build_fused_attention()
+
+
+def build_fused_attention():
+    """nn.TransformerEncoderLayer's and nn.MultiheadAttention's fused
+    inference ops (torch's fast path): a float mask masks where non-zero."""
+    for op in ["_transformer_encoder_layer_fwd", "_native_multi_head_attention"]:
+        ACC.add(op)
+
+    def casef(*a, **kw):
+        # f32 through two products, a softmax and two layer norms, summed
+        # in another order than torch's: an atol floor of 2e-5
+        case(*a, min_atol=2e-5, **kw)
+    seed("encoder_layer")
+    op = "_transformer_encoder_layer_fwd"
+    tel = A._transformer_encoder_layer_fwd.default
+    E, H, F, L = 8, 2, 12, 5
+
+    def layer_w(dt=f32):
+        s = 0.4
+        return [U(3 * E, E, dt=dt) * s, U(3 * E, dt=dt) * s, U(E, E, dt=dt) * s, U(E, dt=dt) * s,
+                P(E, dt=dt), U(E, dt=dt), P(E, dt=dt), U(E, dt=dt),
+                U(F, E, dt=dt) * s, U(F, dt=dt) * s, U(E, F, dt=dt) * s, U(E, dt=dt) * s]
+
+    def enc(gelu, nf, mt=None):
+        def fn(x, qw, qb, pw, pb, n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b, m=None):
+            return tel(x, E, H, qw, qb, pw, pb, gelu, nf, 1e-5, n1w, n1b, n2w, n2b,
+                       f1w, f1b, f2w, f2b, m, mt)
+        return fn
+    w = layer_w()
+    x = U(2, L, E)
+    casef(op, "relu_post_norm", enc(False, False), x, *w)
+    casef(op, "gelu_pre_norm", enc(True, True), x, *w)
+    kp = torch.zeros(2, L, dtype=b8)
+    kp[0, 3:] = True
+    casef(op, "key_padding_bool", enc(False, False, 1), x, *w, kp)
+    causal = torch.ones(L, L, dtype=b8).triu(1)
+    casef(op, "causal_bool_type0", enc(True, False, 0), x, *w, causal)
+    # a float mask masks where it is not 0 (its values are not added)
+    fm = torch.where(B(2, H, L, L), U(2, H, L, L), torch.zeros(2, H, L, L))
+    fm[:, :, :, 0] = 0
+    casef(op, "float_mask_type2", enc(True, True, 2), x, *w, fm)
+    casef(op, "f64", enc(True, False), x.to(f64), *[t.to(f64) for t in w])
+    seed("native_mha")
+    op = "_native_multi_head_attention"
+    nmha = A._native_multi_head_attention.default
+    qw, qb, pw, pb = w[:4]
+
+    def mha(need_w, avg, mt=None, self_attn=False):
+        if self_attn:
+            return lambda x, qw, qb, pw, pb: nmha(x, x, x, E, H, qw, qb, pw, pb, None, need_w, avg)
+        return lambda q, k, v, qw, qb, pw, pb, m=None: nmha(q, k, v, E, H, qw, qb, pw, pb, m,
+                                                            need_w, avg, mt)
+    casef(op, "self_avg_weights", mha(True, True, self_attn=True), x, qw, qb, pw, pb)
+    kx, vx = U(2, L, E), U(2, L, E)  # torch's kernel wants S == L
+    casef(op, "cross_head_weights", mha(True, False), x, kx, vx, qw, qb, pw, pb)
+    casef(op, "no_weights", mha(False, True), x, kx, vx, qw, qb, pw, pb)
+    kp6 = torch.zeros(2, L, dtype=b8)
+    kp6[1, 2:] = True
+    casef(op, "key_padding_avg", mha(True, True, 1), x, kx, vx, qw, qb, pw, pb, kp6)
+    # a batch element with every key masked: NaN there, as torch
+    kpa = torch.zeros(2, L, dtype=b8)
+    kpa[0, :] = True
+    casef(op, "all_keys_masked", mha(True, False, 1), x, kx, vx, qw, qb, pw, pb, kpa)
 
 
 # --------------------------------------------------------------------------
@@ -1242,6 +1306,52 @@ def node(op, args, out, kwargs=None):
 
 
 R0, R1, R2 = {"ref": 0}, {"ref": 1}, {"ref": 2}
+
+
+def fused_attention_bad_cases():
+    """The fused encoder-layer and multi-head attention ops with weights of
+    the wrong shape or dtype, heads that do not divide embed_dim, an
+    embed_dim that is not the input's, a mask of the wrong shape."""
+    E, F = 8, 12
+
+    def enc(heads=2, embed=E, dts=None, shapes=None, mask=None, mask_type=None):
+        shp = [[2, 5, E], [3 * E, E], [3 * E], [E, E], [E], [E], [E], [E], [E],
+               [F, E], [F], [E, F], [E]]
+        dts = dts or {}
+        shapes = shapes or {}
+        ins = [spec(dts.get(k, "f32"), shapes.get(k, sh)) for k, sh in enumerate(shp)]
+        ents = [zeros_entry(dts.get(k, "f32"), shapes.get(k, sh)) for k, sh in enumerate(shp)]
+        mref = None
+        if mask is not None:
+            ins.append(spec(mask[0], mask[1]))
+            ents.append(zeros_entry(mask[0], mask[1]))
+            mref = {"ref": 13}
+        r = [{"ref": k} for k in range(13)]
+        args = [r[0], embed, heads] + r[1:5] + [False, False, 1e-5] + r[5:13] + [mref, mask_type]
+        out = len(ins)
+        g = graph1(ins, [node("aten._transformer_encoder_layer_fwd.default", args,
+                              [spec("f32", [2, 5, E])])], [{"ref": out}])
+        return g, ents
+    g, e = enc(heads=3)
+    yield ("mha_heads_divide", g, e, "invalid_graph", "num_heads 3 does not divide embed_dim 8")
+    g, e = enc(embed=16)
+    yield ("mha_embed_dim", g, e, "invalid_graph", "embed_dim 16 is not the input's last dim 8")
+    g, e = enc(dts={12: "f64"})
+    yield ("mha_weight_dtype", g, e, "invalid_graph",
+           "the weights must have the input's dtype f32, not f64")
+    g, e = enc(mask=("bool", [5, 5]), mask_type=1)
+    yield ("mha_mask_shape", g, e, "invalid_graph",
+           "a mask of mask_type 1 has shape [5,5], expected [2,5]")
+    g, e = enc(mask=("bool", [5, 5]), mask_type=3)
+    yield ("mha_mask_type", g, e, "invalid_graph", "mask_type must be 0, 1 or 2, not 3")
+    qs = [[2, 5, E], [2, 5, E], [2, 5, E], [3 * E, E + 1], [3 * E], [E, E], [E]]
+    ins = [spec("f32", sh) for sh in qs]
+    r = [{"ref": k} for k in range(7)]
+    g = graph1(ins, [node("aten._native_multi_head_attention.default",
+                          r[:3] + [E, 2] + r[3:7] + [None, False, True, None],
+                          [spec("f32", [2, 5, E]), spec("f32", [0])])], [{"ref": 7}])
+    yield ("mha_qkv_weight_shape", g, [zeros_entry("f32", sh) for sh in qs], "invalid_graph",
+           "qkv_weight has shape [24,9], expected [24,8]")
 
 
 def bad_cases():
@@ -1414,6 +1524,7 @@ def bad_cases():
            [z23], "invalid_graph", "dim1: missing int argument")
     yield ("wrong_arg_kind", graph1([f23], [node("aten.unsqueeze.default", [R0, "x"], [f23])], [R1]),
            [z23], "invalid_graph", "dim: expected an int")
+    yield from fused_attention_bad_cases()
 
 
 # --------------------------------------------------------------------------

@@ -517,53 +517,75 @@ def test_the_backend_is_found_whichever_is_imported_first(first):
 
 
 def test_a_graph_without_kernels_runs_as_its_aten_graph(daemons):
-    """eval() TransformerEncoderLayer is one fused ATen op kiln has no
-    kernel for: the plan would be a single fallback step plus copies, so the
-    ATen graph runs as it is (same result, no copies)."""
+    """topk is an ATen op kiln has no kernel for: the plan would be a single
+    fallback step plus copies, so the ATen graph runs as it is (same
+    result, no copies)."""
     import kiln.backend as kb
     daemons.use(daemons.start("nk"))  # a fresh store: the static graph
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
-                                       batch_first=True).eval()
-    x = torch.randn(2, 8, 32)
-    with torch.no_grad():
-        got = torch.compile(layer, backend="kiln")(x)
-        torch.testing.assert_close(got, layer(x))
+
+    def f(x):
+        return torch.topk(x, 3)
+    x = torch.randn(4, 16)
+    got = torch.compile(f, backend="kiln")(x)
+    torch.testing.assert_close(tuple(got), tuple(f(x)))
     (rec,) = kb.records()
-    assert rec["kernels"] == [] and rec["fallback_ops"] == [
-        "aten._transformer_encoder_layer_fwd.default"], rec
+    assert rec["kernels"] == [] and rec["fallback_ops"] == ["aten.topk.default"], rec
     assert rec["source"] in ("compiled", "memory")
 
 
 def test_a_symbolic_argument_to_a_torch_op_runs(daemons):
-    """kilnd generalizes the second eval() layer of another size: the fused
-    op's embed_dim becomes a symbol, which the fallback step binds from the
-    run's symbols (kiln_fallback_syms); the kernels after it run in kiln, no
-    graph falls back, and the results are right at both sizes."""
+    """kilnd generalizes the second graph of another size: topk's k, the
+    size of the last dim, becomes a symbol, which the fallback step binds
+    from the run's symbols (kiln_fallback_syms); the kernels around it run
+    in kiln, no graph falls back, and the results are right at both
+    sizes."""
     import kiln.backend as kb
     daemons.use(daemons.start("sym"))
     sym_steps = 0
-    for d_model in (32, 48):
+    for d in (32, 48):
         torch._dynamo.reset()
-        torch.manual_seed(0)
-        layer = nn.TransformerEncoderLayer(d_model=d_model, nhead=4, dim_feedforward=64,
-                                           dropout=0.0, batch_first=True).eval()
 
         def f(x):
-            return layer(x) * 2 + 1
-        x = torch.randn(2, 8, d_model)
+            return torch.topk(x * 2 + 1, x.shape[-1]).values.exp() - 1
+        x = torch.randn(2, 8, d)
         with warnings.catch_warnings():
             warnings.simplefilter("error", kb.KilnWarning)
-            with torch.no_grad():
-                torch.testing.assert_close(torch.compile(f, backend="kiln")(x), f(x))
+            torch.testing.assert_close(torch.compile(f, backend="kiln")(x), f(x))
         rec = kb.records()[-1]
-        assert rec["kernels"] and "aten._transformer_encoder_layer_fwd.default" in \
-            rec["fallback_ops"], rec
+        assert rec["kernels"] and "aten.topk.default" in rec["fallback_ops"], rec
         mod = kb._state.modules[next(reversed(kb._state.modules))][0]
         sym_steps += sum(1 for st in mod._steps if st.get("kind") == "fallback"
                          and "'sym'" in repr(st.get("args")))
     assert kb.stats()["fallback"] == 0, kb.records()
     assert sym_steps >= 1, "kilnd did not generalize the second graph"
+
+
+def test_an_eval_encoder_layer_is_kernels_at_every_length(daemons):
+    """eval() nn.TransformerEncoderLayer is one fused ATen op
+    (_transformer_encoder_layer_fwd, torch's fast path): kiln lowers it to
+    products, attention and layer norms, with a key padding mask too, and
+    the graph kilnd generalizes over the sequence length runs every length
+    in kernels, no torch step."""
+    import kiln.backend as kb
+    daemons.use(daemons.start("tel"))
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                       batch_first=True).eval()
+    for L in (8, 12, 5):
+        torch._dynamo.reset()
+        x = torch.randn(2, L, 32)
+        pad = torch.zeros(2, L, dtype=torch.bool)
+        pad[1, L // 2:] = True
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", kb.KilnWarning)
+            with torch.no_grad():
+                got = torch.compile(layer, backend="kiln")(x, src_key_padding_mask=pad)
+                torch.testing.assert_close(got, layer(x, src_key_padding_mask=pad),
+                                           rtol=1e-4, atol=2e-5)
+        rec = kb.records()[-1]
+        assert rec["kernels"] and rec["fallback_ops"] == [], rec
+    assert kb.stats()["fallback"] == 0, kb.records()
 
 
 def test_symbolic_expressions_evaluate_as_python_ints():

@@ -5569,6 +5569,59 @@ Test(compile, index_add_bad_arguments)
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* The fused inference ops of nn.TransformerEncoderLayer and
+ * nn.MultiheadAttention (every case of theirs: post- and pre-norm, relu and
+ * gelu, bool and float masks of the three mask types, attention weights
+ * averaged or per head or none, self- and cross-attention, f64) are
+ * kernels, no fallback step, and match torch and the interpreter. */
+Test(lowering, fused_attention_ops_are_kernels, .timeout = 300)
+{
+	static const char *const files[] = {"_transformer_encoder_layer_fwd",
+					    "_native_multi_head_attention"};
+	kiln_compiler_t *kc = new_compiler();
+	for (size_t f = 0; f < 2; f++) {
+		char path[1024], err[1024];
+		snprintf(path, sizeof(path), "%s/ops/%s.cases.msgpack",
+			 KILN_TEST_DATA_DIR, files[f]);
+		kiln_td_cases_t cs;
+		int rc = kiln_td_cases_load(path, &cs, err, sizeof(err));
+		cr_assert_eq(rc, 0, "%s: %s", path, err);
+		cr_expect_geq(cs.n, 4, "%s: too few cases", files[f]);
+		for (uint32_t i = 0; i < cs.n; i++) {
+			runres_t r;
+			check(kc, cs.cases[i].graph, &cs.cases[i].io, &r);
+			cr_expect(r.ok, "%s / %s: %s", files[f],
+				  cs.cases[i].name, r.msg);
+			cr_expect(r.kernels > 3 && r.fallbacks == 0,
+				  "%s / %s: %u kernels, %u fallback steps",
+				  files[f], cs.cases[i].name, r.kernels,
+				  r.fallbacks);
+		}
+		kiln_td_cases_free(&cs);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* The fused encoder-layer and multi-head attention ops with heads that do
+ * not divide embed_dim, an embed_dim that is not the input's, a weight of
+ * another dtype, a mask of the wrong shape or type, a qkv_weight of the
+ * wrong shape (tests/data/bad/mha_*): rejected as the interpreter rejects
+ * them. */
+Test(compile, fused_attention_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"mha_heads_divide", "num_heads 3 does not divide embed_dim 8"},
+	    {"mha_embed_dim", "embed_dim 16 is not the input's last dim 8"},
+	    {"mha_weight_dtype",
+	     "the weights must have the input's dtype f32, not f64"},
+	    {"mha_mask_shape", "a mask of mask_type 1 must be [B, S]"},
+	    {"mha_mask_type", "mask_type must be 0, 1 or 2, not 3"},
+	    {"mha_qkv_weight_shape",
+	     "qkv_weight must be [3*embed_dim, embed_dim]"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
 /* A product whose weight is a transposed view (nn.Linear's t()) is
  * timed on inputs laid out as declared; a product whose result feeds
  * one other node keeps the heuristic (that node may become its

@@ -39,6 +39,7 @@ static const pname_t op_files[] = {
     {"_log_softmax"},
     {"_log_softmax_backward_data"},
     {"_native_batch_norm_legit_functional"},
+    {"_native_multi_head_attention"},
     {"_native_batch_norm_legit_no_training"},
     {"_reshape_alias"},
     {"_safe_softmax"},
@@ -49,6 +50,7 @@ static const pname_t op_files[] = {
     {"_weight_norm_interface_backward"},
     {"_softmax_backward_data"},
     {"_to_copy"},
+    {"_transformer_encoder_layer_fwd"},
     {"_unsafe_index"},
     {"_unsafe_index_put"},
     {"_unsafe_view"},
@@ -278,6 +280,12 @@ static const pname_t bad_files[] = {{"as_strided_scatter_outside"},
 				    {"index_add_index_2d"},
 				    {"index_add_source_dtype"},
 				    {"index_add_int_alpha"},
+				    {"mha_heads_divide"},
+				    {"mha_embed_dim"},
+				    {"mha_weight_dtype"},
+				    {"mha_mask_shape"},
+				    {"mha_mask_type"},
+				    {"mha_qkv_weight_shape"},
 				    {"weight_norm_bw_grad_shape"},
 				    {"roll_lengths"},
 				    {"roll_no_dims"},
@@ -583,8 +591,8 @@ ParameterizedTest(const pname_t *p, interp, bad)
 		     "%s: %s", path, err);
 	msgpack_zone_destroy(&zone);
 	free(buf);
-	kiln_tensor_t in[8], out[8];
-	cr_assert(g->n_inputs <= 8 && g->n_outputs <= 8);
+	kiln_tensor_t in[16], out[16];
+	cr_assert(g->n_inputs <= 16 && g->n_outputs <= 16);
 	cr_assert_eq(kiln_td_make_inputs(g, &io, in, err, sizeof(err)), 0,
 		     "%s: %s", path, err);
 	memset(out, 0xab, sizeof(out));

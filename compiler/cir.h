@@ -185,9 +185,14 @@ typedef struct cnode {
 	 * one of rank 2 (NULL: zeros), both with unit stride along their
 	 * last dim and of buf's dtype (f32 or f64), buf [V, D]; with frank
 	 * 3 every one has a leading dim P (gb [P, q..., D], buf and base [P,
-	 * V, D]), each p scattered on its own */
+	 * V, D]), each p scattered on its own. scat_elem: an index per
+	 * element instead, ga [P, K, D] with gb [P, K, D] (frank 3):
+	 * buf[p, v, d] gets gb[p, k, d] where ga[p, k, d] == v; scat_store:
+	 * the last such source is stored instead of the sum (scatter) */
 	bool scatter;
 	bool scat_wrap;
+	bool scat_elem;
+	bool scat_store;
 	const kiln_expr_t *scat_pad;
 	const struct lt *scat_base;
 } cnode_t;

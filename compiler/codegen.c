@@ -4889,7 +4889,10 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	for (uint32_t k = 0; k < r; k++) {
 		isz[k] = emit_ix(g, ix_dim(c, ix->sizes[k]));
 		ist[k] = emit_ix(g, ix_dim(c, ix->strides[k]));
-		sst[k] = emit_ix(g, ix_dim(c, src->strides[pre + k]));
+		/* (an element scatter's ix has src's rank: P is its own) */
+		sst[k] = pre + k < src->rank
+			     ? emit_ix(g, ix_dim(c, src->strides[pre + k]))
+			     : K64(g, 0);
 	}
 	/* units: (p, block of columns), p outer */
 	LLVMValueRef nblk = imax(
@@ -4931,19 +4934,78 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		bp = LLVMBuildGEP2(g->b, et, buf_ptr(g, bt->buf), &boff, 1, "");
 		bst = emit_ix(g, ix_dim(c, bt->strides[pre]));
 	}
-	loop_t Z;
-	loop_begin(g, &Z, K64(g, 0), V, 1);
-	LLVMValueRef zo = LLVMBuildMul(g->b, Z.i, D, "");
-	LLVMValueRef brow = NULL;
-	if (bp != NULL) {
-		LLVMValueRef bo = LLVMBuildMul(g->b, Z.i, bst, "");
-		brow = LLVMBuildGEP2(g->b, et, bp, &bo, 1, "");
+	kiln_dim_t Dd = n->fsizes[pre + 1];
+	if (dim_is(Dd, 1) && (bt == NULL || dim_is(bt->strides[pre], 1))) {
+		/* one column: the unit's V elements are contiguous (a gather's
+		 * gradient along its last dim), one run of vectors */
+		scatter_cols(g, n->buf, et, w, op, bp, false, K64(g, 0), V);
+	} else {
+		loop_t Z;
+		loop_begin(g, &Z, K64(g, 0), V, 1);
+		LLVMValueRef zo = LLVMBuildMul(g->b, Z.i, D, "");
+		LLVMValueRef brow = NULL;
+		if (bp != NULL) {
+			LLVMValueRef bo = LLVMBuildMul(g->b, Z.i, bst, "");
+			brow = LLVMBuildGEP2(g->b, et, bp, &bo, 1, "");
+		}
+		scatter_cols(g, n->buf, et, w,
+			     LLVMBuildGEP2(g->b, et, op, &zo, 1, ""), brow,
+			     false, d0, d1);
+		loop_end(g, &Z);
 	}
-	scatter_cols(g, n->buf, et, w, LLVMBuildGEP2(g->b, et, op, &zo, 1, ""),
-		     brow, false, d0, d1);
-	loop_end(g, &Z);
 	if (g->any_nt) /* the streamed zeros land before the adds read them */
 		cg_intr(g, "llvm.x86.sse.sfence", NULL, 0, NULL, 0);
+	if (n->scat_elem) {
+		/* ix and src [P, K, D]: for k in order, each of the unit's
+		 * columns d goes to row ix[p, k, d] */
+		LLVMValueRef io = LLVMBuildAdd(
+		    g->b, ioff, LLVMBuildMul(g->b, pi, ist[0], ""), "");
+		loop_t Kl, Dl;
+		loop_begin(g, &Kl, K64(g, 0), isz[1], 1);
+		LLVMValueRef iok = LLVMBuildAdd(
+		    g->b, io, LLVMBuildMul(g->b, Kl.i, ist[1], ""), "");
+		LLVMValueRef sok = LLVMBuildAdd(
+		    g->b, soff, LLVMBuildMul(g->b, Kl.i, sst[0], ""), "");
+		loop_begin(g, &Dl, d0, d1, 1);
+		LLVMValueRef iod = LLVMBuildAdd(
+		    g->b, iok, LLVMBuildMul(g->b, Dl.i, ist[2], ""), "");
+		LLVMValueRef v = LLVMBuildLoad2(
+		    g->b, it, LLVMBuildGEP2(g->b, it, ip, &iod, 1, ""), "");
+		if (it != g->i64)
+			v = ix->dtype == KILN_DT_U8
+				? LLVMBuildZExt(g->b, v, g->i64, "")
+				: LLVMBuildSExt(g->b, v, g->i64, "");
+		if (n->scat_wrap)
+			v = LLVMBuildSelect(
+			    g->b,
+			    LLVMBuildICmp(g->b, LLVMIntSLT, v, K64(g, 0), ""),
+			    LLVMBuildAdd(g->b, v, V, ""), v, "");
+		LLVMValueRef ok = LLVMBuildAnd(
+		    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, v, K64(g, 0), ""),
+		    LLVMBuildICmp(g->b, LLVMIntSLT, v, V, ""), "");
+		LLVMBasicBlockRef put =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "put");
+		LLVMBasicBlockRef skip =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "skip");
+		LLVMBuildCondBr(g->b, ok, put, skip);
+		LLVMPositionBuilderAtEnd(g->b, put);
+		LLVMValueRef oo =
+		    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, v, D, ""), Dl.i, "");
+		LLVMValueRef opp = LLVMBuildGEP2(g->b, et, op, &oo, 1, "");
+		LLVMValueRef so = LLVMBuildAdd(g->b, sok, Dl.i, "");
+		LLVMValueRef x = LLVMBuildLoad2(
+		    g->b, et, LLVMBuildGEP2(g->b, et, sp, &so, 1, ""), "");
+		if (!n->scat_store)
+			x = LLVMBuildFAdd(
+			    g->b, LLVMBuildLoad2(g->b, et, opp, ""), x, "");
+		LLVMBuildStore(g->b, x, opp);
+		LLVMBuildBr(g->b, skip);
+		LLVMPositionBuilderAtEnd(g->b, skip);
+		loop_end(g, &Dl);
+		loop_end(g, &Kl);
+		loop_end(g, &U);
+		return;
+	}
 	/* the source positions in order, nested loops over ix's dims */
 	loop_t Q[CIR_MAX_RANK];
 	LLVMValueRef io = ioff, so = soff;

@@ -197,8 +197,9 @@ static int vreduce(lnode_t *n, uint32_t rank, const kiln_dim_t *sizes,
 		if (vwork_over(n->c, rank, sizes))
 			return lerr(n, KILN_EUNSUPOP,
 				    "as a dense reduction it would visit more "
-				    "than %lld elements (kiln's scatter-add "
-				    "kernel takes whole rows only)",
+				    "than %lld elements (kiln's scatter "
+				    "kernels take f32 and f64, with an index "
+				    "that spans self in every other dim)",
 				    (long long)VREDUCE_MAX_WORK);
 	}
 	lt_t *t = lt_fn(n->c, acc, rank, sizes, body);
@@ -284,6 +285,10 @@ typedef struct scat {
 	/* a leading dim P that every tensor has (src [P, ix.shape..., D],
 	 * base and out [P, V, D]), each p scattered on its own */
 	bool pre;
+	/* an index per element: ix and src [P, K, D] (pre) */
+	bool elem;
+	/* with elem: the last source stored, not the sum (scatter) */
+	bool store;
 } scat_t;
 
 /* The scatter-add node of out [V, D] (dtype dt, f32 or f64) = base +
@@ -332,6 +337,8 @@ static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V, scat_t sp,
 	cn->scat_pad = sp.pad;
 	cn->scat_wrap = sp.wrap;
 	cn->scat_base = sp.base;
+	cn->scat_elem = sp.elem;
+	cn->scat_store = sp.store;
 	cn->node = (int32_t)n->index;
 	cn->frank = orank;
 	for (uint32_t k = 0; k < orank; k++)
@@ -380,12 +387,48 @@ static int lscatter_dim(lnode_t *n, lt_t *x, uint32_t k, lt_t *ix, lt_t *src,
 	lt_t *s = unit ? lt_unsqueeze(c, src, src->rank) : src;
 	if (base == NULL || s == NULL)
 		return -ENOMEM;
-	scat_t sp = {base, NULL, wrap, k == 1};
+	scat_t sp = {base, NULL, wrap, k == 1, false, false};
 	lt_t *o;
 	int rc = lscatter(n, ix, s, x->sizes[k], sp, x->dtype, &o);
 	if (rc != 0)
 		return rc;
 	*out = unit ? lt_squeeze_dim(c, o, o->rank - 1) : o;
+	return *out ? 0 : -ENOMEM;
+}
+
+/* x with src's elements scattered along dim k at an index of its own
+ * per element (scatter_add; scatter, store: the last source wins), a
+ * kernel onto x (scat_elem): x as [P, V, D] (P: the dims before k, D:
+ * those after), index and src (its elements within index's extent) as
+ * [P, K, D]. index has x's sizes in every dim but k. */
+static int lscatter_elem(lnode_t *n, lt_t *x, uint32_t k, lt_t *ix, lt_t *src,
+			 bool store, lt_t **out)
+{
+	cctx_t *c = n->c;
+	uint32_t r = x->rank;
+	kiln_dim_t P = dim_const(1), D = dim_const(1);
+	lt_t *s = src;
+	for (uint32_t j = 0; j < r && s != NULL; j++) {
+		if (j < k)
+			P = dim_mul(c, P, x->sizes[j]);
+		else if (j > k)
+			D = dim_mul(c, D, x->sizes[j]);
+		if (!dim_eq(s->sizes[j], ix->sizes[j]))
+			s = lt_slice(c, s, j, ix_const(c, 0),
+				     ix_dim(c, ix->sizes[j]), 1);
+	}
+	kiln_dim_t xs[3] = {P, x->sizes[k], D}, is[3] = {P, ix->sizes[k], D};
+	lt_t *x3 = lt_reshape(c, x, 3, xs);
+	lt_t *i3 = lt_reshape(c, ix, 3, is);
+	lt_t *s3 = s ? lt_reshape(c, s, 3, is) : NULL;
+	if (x3 == NULL || i3 == NULL || s3 == NULL)
+		return -ENOMEM;
+	scat_t sp = {x3, NULL, true, true, true, store};
+	lt_t *o;
+	int rc = lscatter(n, i3, s3, x->sizes[k], sp, x->dtype, &o);
+	if (rc != 0)
+		return rc;
+	*out = lt_reshape(c, o, r, x->sizes);
 	return *out ? 0 : -ENOMEM;
 }
 
@@ -451,7 +494,7 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 		 * O(V·N·D) reduction; with scale_grad_by_freq divided by a
 		 * second one's counts (a column of ones scattered) */
 		lt_t *s, *cnt;
-		scat_t sp = {NULL, pad, false, false};
+		scat_t sp = {NULL, pad, false, false, false, false};
 		rc = lscatter(n, ix, g, vsz[0], sp, odt, &s);
 		if (rc != 0 || !freq)
 			return rc != 0 ? rc : lset(n, 0, s);
@@ -461,7 +504,7 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 		lt_t *ones = lt_fn(c, odt, ir + 1, osz, sxf(c, 1, acc));
 		if (ones == NULL)
 			return -ENOMEM;
-		scat_t cp = {NULL, NULL, false, false};
+		scat_t cp = {NULL, NULL, false, false, false, false};
 		rc = lscatter(n, ix, ones, vsz[0], cp, odt, &cnt);
 		if (rc != 0)
 			return rc;
@@ -719,8 +762,27 @@ int low_scatter(cctx_t *c, lnode_t *n)
 		lt_t *s2 = lead_view(c, src, 2, esz);
 		if (i1 == NULL || s2 == NULL)
 			return -ENOMEM;
-		scat_t sp = {x, NULL, true, false};
+		scat_t sp = {x, NULL, true, false, false, false};
 		rc = lscatter(n, i1, s2, x->sizes[0], sp, dt, &red);
+		return rc != 0 ? rc : lset(n, 0, red);
+	}
+	bool spans = true; /* index has self's sizes outside dim */
+	for (uint32_t j = 0; j < r; j++)
+		spans = spans && (j == ud || dim_eq(ix->sizes[j], x->sizes[j]));
+	if ((dt == KILN_DT_F32 || dt == KILN_DT_F64) && spans &&
+	    vwork_over(c, r + 1, vsz)) {
+		/* an index per element (the gradient of a gather, a one-hot
+		 * scatter of a value): a scatter kernel onto self whose units
+		 * each own whole fibers along dim */
+		if (n->param == 1) {
+			src = lt_fn(
+			    c, dt, r, ix->sizes,
+			    sx_cast(c, lop_value(n, &val, r, ix->sizes, acc),
+				    dt));
+			if (src == NULL)
+				return -ENOMEM;
+		}
+		rc = lscatter_elem(n, x, ud, ix, src, n->param != 2, &red);
 		return rc != 0 ? rc : lset(n, 0, red);
 	}
 	if (n->param == 2) {

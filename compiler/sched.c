@@ -1074,18 +1074,24 @@ char *sched_report(cctx_t *c)
 		}
 		if (k->is_scatter) {
 			const cnode_t *n = &c->nodes[k->members[0].node];
-			sb_printf(&s, "%s: scatter-add ", k->name);
+			sb_printf(&s, "%s: %s ", k->name,
+				  n->scat_store ? "scatter (the last source "
+						  "wins)"
+						: "scatter-add");
 			sb_dims(c, &s, n->frank, n->fsizes, 0);
 			sb_printf(&s, " of ");
 			sb_dims(c, &s, n->ga->rank, n->ga->sizes, 0);
 			sb_printf(&s,
-				  " source rows, columns in blocks of %lld "
-				  "(a unit %s and adds every row into them), "
+				  " source %s, columns in blocks of %lld "
+				  "(a unit %s and %s every %s into them), "
 				  "buf%u%s  <- node %d %s\n",
+				  n->scat_elem ? "elements, an index each"
+					       : "rows",
 				  (long long)cg_scatter_cols(c, n),
 				  n->scat_base != NULL ? "copies self's columns"
 						       : "zeroes its columns",
-				  n->buf,
+				  n->scat_store ? "stores" : "adds",
+				  n->scat_elem ? "element" : "row", n->buf,
 				  c->bufs[n->buf].is_output ? " (output)" : "",
 				  n->node, c->g->nodes[n->node].op);
 			continue;
@@ -1290,9 +1296,12 @@ char *sched_ir(cctx_t *c)
 		sb_dims(c, &s, b->rank, b->sizes, 0);
 		if (n->scatter) {
 			sb_printf(&s,
-				  " = scatter-add of buf%u's rows at the "
+				  " = %s of buf%u's %s at the "
 				  "indices in buf%u  ; node %d %s\n",
-				  n->gb->buf, n->ga->buf, n->node, op);
+				  n->scat_store ? "scatter" : "scatter-add",
+				  n->gb->buf,
+				  n->scat_elem ? "elements" : "rows",
+				  n->ga->buf, n->node, op);
 			continue;
 		}
 		if (n->red != RED_NONE) {

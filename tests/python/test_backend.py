@@ -393,6 +393,39 @@ def test_a_large_embedding_gradient_is_a_scatter_kernel_and_trains_like_eager():
     _no_fallback()
 
 
+class _GatherLossNet(nn.Module):
+    """A loss over a large vocabulary built from a gather and a one-hot
+    scatter (an RL policy gradient's log-probs of the chosen actions, a
+    label-smoothed target)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(32, 8000)
+
+    def forward(self, x, y):
+        lp = torch.log_softmax(self.head(x), -1)
+        picked = lp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        onehot = torch.zeros_like(lp).scatter_(-1, y.unsqueeze(-1), 0.9) + 0.1 / 8000
+        return -(picked + (lp * onehot).sum(-1)).mean()
+
+
+def test_a_large_gather_and_one_hot_scatter_are_scatter_kernels_and_train_like_eager():
+    # [2, 320] tokens x 8000 classes is 5.1M (output, source) pairs, too
+    # many for the dense reduction: the gather's gradient (a scatter_add
+    # with an index per element) and the one-hot scatter of a value are
+    # kiln's scatter kernels, not torch steps
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    y = _ids(14, (2, 320), 8000)
+    y[0, :10] = 7
+    _train_like_eager(_GatherLossNet(), (_x(15, 2, 320, 32), y))
+    assert [r for r in kb.records() if r["kind"] == "backward"], kb.records()
+    for r in kb.records():
+        assert not r["fallback_ops"], r
+    _no_fallback()
+
+
 class _WeightNormNet(nn.Module):
     """wav2vec2's positional convolution in small (weight norm over the
     kernel's last dim, dim=2) and a weight-normed linear (dim=0)."""

@@ -3366,6 +3366,120 @@ static void expect_scatter_kernel(kiln_compiler_t *kc, kiln_graph_t *g,
 	kiln_graph_free(g);
 }
 
+/* op (scatter_add, scatter.src, or scatter.value with value 1) of self
+ * [xs], dim k, an index [is] (self's sizes outside k) and src [is, with
+ * one more in its last dim: its elements past index's are not read] */
+static kiln_graph_t *scatter_elem_graph(const char *op, const char *dt,
+					const int64_t *xs, const int64_t *is,
+					uint32_t r, uint32_t k)
+{
+	bool value = strstr(op, "value") != NULL;
+	int64_t ss[8];
+	for (uint32_t j = 0; j < r; j++)
+		ss[j] = is[j] + (j == r - 1 ? 1 : 0);
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, value ? 2 : 3);
+	specn(&b, dt, xs, r);
+	specn(&b, "i64", is, r);
+	if (!value)
+		specn(&b, dt, ss, r);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, op, 4);
+	ref(&b, 0);
+	msgpack_pack_int64(&b.pk, k);
+	ref(&b, 1);
+	if (value)
+		msgpack_pack_double(&b.pk, 1.0);
+	else
+		ref(&b, 2);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, dt, xs, r);
+	return end_graph(&b, value ? 2 : 3, 1, "a scatter of elements");
+}
+
+/* Past 2^22 (output, source) pairs a scatter whose index differs from
+ * element to element (the gradient of a gather, a one-hot scatter of a
+ * value, scatter_add along any dim) is a scatter kernel too: each unit
+ * owns whole fibers along the scattered dim (a block of columns for
+ * each of the dims before it), zeroes or copies them, then adds (stores:
+ * scatter, the last source wins) each source element into the row its
+ * index names, in order. Against the interpreter: f32 and f64, dims 0,
+ * 1 (the middle of three) and last, negative indices, a source larger
+ * than the index. */
+Test(lowering, element_scatters_are_scatter_kernels, .timeout = 300)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		const char *op, *dt, *kind;
+		uint32_t r, k;
+		int64_t xs[3], is[3];
+		bool neg;
+	} cases[] = {
+	    {"aten.scatter_add.default",
+	     "f32",
+	     "scatter-add",
+	     2,
+	     0,
+	     {4096, 64},
+	     {512, 64},
+	     true},
+	    {"aten.scatter_add.default",
+	     "f64",
+	     "scatter-add",
+	     2,
+	     1,
+	     {1024, 5000},
+	     {1024, 1},
+	     false},
+	    {"aten.scatter_add.default",
+	     "f32",
+	     "scatter-add",
+	     3,
+	     2,
+	     {4, 300, 5000},
+	     {4, 300, 3},
+	     true},
+	    {"aten.scatter.src",
+	     "f32",
+	     "scatter (the last source wins)",
+	     3,
+	     1,
+	     {8, 3000, 40},
+	     {8, 20, 40},
+	     false},
+	    {"aten.scatter.value",
+	     "f64",
+	     "scatter (the last source wins)",
+	     2,
+	     1,
+	     {2048, 4096},
+	     {2048, 1},
+	     false},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char what[160];
+		snprintf(what, sizeof(what), "%s %s dim %u of %u", cases[i].op,
+			 cases[i].dt, cases[i].k, cases[i].r);
+		kiln_graph_t *g =
+		    scatter_elem_graph(cases[i].op, cases[i].dt, cases[i].xs,
+				       cases[i].is, cases[i].r, cases[i].k);
+		cr_assert(g != NULL, "%s", what);
+		char want[160];
+		snprintf(want, sizeof(want), "%s [", cases[i].kind);
+		expect_report_has(kc, g, want, true, what);
+		expect_report_has(kc, g, "source elements, an index each", true,
+				  what);
+		expect_report_has(kc, g, "fallback", false, what);
+		check_scatter_graph(kc, g, cases[i].xs[cases[i].k],
+				    cases[i].neg, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* scatter_add(self [V, D], 0, idx [E] viewed [E, 1] and expanded to [E,
  * D], src [E, D]): a graph network's messages summed per node */
 static kiln_graph_t *scatter_rows_graph(const char *dt, int64_t V, int64_t E,
@@ -3628,32 +3742,19 @@ Test(lowering, large_embedding_gradients_are_scatter_kernels)
 			  "scatter-add [8192, 1] of [1, 512] source rows", true,
 			  "scale_grad_by_freq, [8192, 512] of 512");
 	kiln_graph_free(freq);
-	/* a scatter_add whose index differs along the columns is no row
-	 * scatter: past 2^22 pairs a fallback step, and the report says why */
-	gb_t b;
-	gb_init(&b);
-	graph_head(&b, 3);
-	spec2(&b, "f32", 4096, 64);
-	spec2(&b, "f32", 512, 64);
-	spec2(&b, "i64", 512, 64);
-	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, 1);
-	node_head(&b, "aten.scatter_add.default", 4);
-	ref(&b, 0);
-	msgpack_pack_int64(&b.pk, 0);
-	ref(&b, 2);
-	ref(&b, 1);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 1);
-	spec2(&b, "f32", 4096, 64);
-	kiln_graph_t *el = end_graph(&b, 3, 1, "scatter_add of elements");
+	/* an integer scatter_add takes no scatter kernel: past 2^22 pairs a
+	 * fallback step, and the report says why */
+	const int64_t xs[2] = {4096, 64}, is[2] = {512, 64};
+	kiln_graph_t *el =
+	    scatter_elem_graph("aten.scatter_add.default", "i64", xs, is, 2, 0);
 	cr_assert(el != NULL);
 	expect_report_has(kc, el,
 			  "fallback step <- node 0 aten.scatter_add.default "
 			  "(run by torch: as a dense reduction it would visit "
-			  "more than 4194304 elements (kiln's scatter-add "
-			  "kernel takes whole rows only)",
-			  true, "scatter_add of elements");
+			  "more than 4194304 elements (kiln's scatter kernels "
+			  "take f32 and f64, with an index that spans self in "
+			  "every other dim)",
+			  true, "an integer scatter_add of elements");
 	kiln_graph_free(el);
 	kiln_compiler_free(kc);
 }

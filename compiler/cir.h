@@ -187,15 +187,26 @@ typedef struct cnode {
 	 * 3 every one has a leading dim P (gb [P, q..., D], buf and base [P,
 	 * V, D]), each p scattered on its own. scat_elem: an index per
 	 * element instead, ga [P, K, D] with gb [P, K, D] (frank 3):
-	 * buf[p, v, d] gets gb[p, k, d] where ga[p, k, d] == v; scat_store:
-	 * the last such source is stored instead of the sum (scatter) */
+	 * buf[p, v, d] gets gb[p, k, d] where ga[p, k, d] == v, combined
+	 * by scat_op: the sum, the last one stored (scatter), the product,
+	 * the max or the min (scatter_reduce; with no base, buf starts at
+	 * that op's identity) */
 	bool scatter;
 	bool scat_wrap;
 	bool scat_elem;
-	bool scat_store;
+	uint8_t scat_op; /* scat_op_t */
 	const kiln_expr_t *scat_pad;
 	const struct lt *scat_base;
 } cnode_t;
+
+/* how a scatter kernel combines a source element with its target */
+typedef enum scat_op {
+	SCAT_ADD,
+	SCAT_STORE,
+	SCAT_MUL,
+	SCAT_MAX,
+	SCAT_MIN
+} scat_op_t;
 
 typedef struct convspec {
 	int64_t N, C, H, W, O, KH, KW, OH, OW;

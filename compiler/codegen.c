@@ -4822,12 +4822,15 @@ int64_t cg_scatter_cols(cctx_t *c, const cnode_t *n)
 }
 
 /* Adds the columns [d0, d1) of a source row s into the output row o (add),
- * or stores s's there (!add; zeros where s is NULL): vectors of w, then
+ * or stores s's there (!add; fill where s is NULL): vectors of w, then
  * one at a time. */
 static void scatter_cols(gen_t *g, uint32_t buf, LLVMTypeRef et, int w,
 			 LLVMValueRef o, LLVMValueRef s, bool add,
-			 LLVMValueRef d0, LLVMValueRef d1)
+			 LLVMValueRef d0, LLVMValueRef d1, double fill)
 {
+	kiln_dtype_t dt = LLVMGetTypeKind(et) == LLVMDoubleTypeKind
+			      ? KILN_DT_F64
+			      : KILN_DT_F32;
 	unsigned al =
 	    (unsigned)(LLVMGetTypeKind(et) == LLVMDoubleTypeKind ? 8 : 4);
 	LLVMValueRef from = d0;
@@ -4836,7 +4839,8 @@ static void scatter_cols(gen_t *g, uint32_t buf, LLVMTypeRef et, int w,
 		loop_t L;
 		loop_begin(g, &L, from, d1, vw);
 		LLVMValueRef op = LLVMBuildGEP2(g->b, et, o, &L.i, 1, "");
-		LLVMValueRef v = LLVMConstNull(vt);
+		LLVMValueRef v =
+		    fill != 0 ? cg_const_f(g, fill, dt, vw) : LLVMConstNull(vt);
 		if (s != NULL) {
 			LLVMValueRef sp =
 			    LLVMBuildGEP2(g->b, et, s, &L.i, 1, "");
@@ -4934,11 +4938,17 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		bp = LLVMBuildGEP2(g->b, et, buf_ptr(g, bt->buf), &boff, 1, "");
 		bst = emit_ix(g, ix_dim(c, bt->strides[pre]));
 	}
+	/* without a base, the start: the combining op's identity */
+	double fill = n->scat_op == SCAT_MUL   ? 1
+		      : n->scat_op == SCAT_MAX ? -INFINITY
+		      : n->scat_op == SCAT_MIN ? INFINITY
+					       : 0;
 	kiln_dim_t Dd = n->fsizes[pre + 1];
 	if (dim_is(Dd, 1) && (bt == NULL || dim_is(bt->strides[pre], 1))) {
 		/* one column: the unit's V elements are contiguous (a gather's
 		 * gradient along its last dim), one run of vectors */
-		scatter_cols(g, n->buf, et, w, op, bp, false, K64(g, 0), V);
+		scatter_cols(g, n->buf, et, w, op, bp, false, K64(g, 0), V,
+			     fill);
 	} else {
 		loop_t Z;
 		loop_begin(g, &Z, K64(g, 0), V, 1);
@@ -4950,7 +4960,7 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		}
 		scatter_cols(g, n->buf, et, w,
 			     LLVMBuildGEP2(g->b, et, op, &zo, 1, ""), brow,
-			     false, d0, d1);
+			     false, d0, d1, fill);
 		loop_end(g, &Z);
 	}
 	if (g->any_nt) /* the streamed zeros land before the adds read them */
@@ -4995,9 +5005,18 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		LLVMValueRef so = LLVMBuildAdd(g->b, sok, Dl.i, "");
 		LLVMValueRef x = LLVMBuildLoad2(
 		    g->b, et, LLVMBuildGEP2(g->b, et, sp, &so, 1, ""), "");
-		if (!n->scat_store)
-			x = LLVMBuildFAdd(
-			    g->b, LLVMBuildLoad2(g->b, et, opp, ""), x, "");
+		if (n->scat_op != SCAT_STORE) {
+			LLVMValueRef y = LLVMBuildLoad2(g->b, et, opp, "");
+			switch ((scat_op_t)n->scat_op) {
+			case SCAT_MUL: x = LLVMBuildFMul(g->b, y, x, ""); break;
+			case SCAT_MAX:
+			case SCAT_MIN:
+				/* NaN wins, from either side (torch) */
+				x = fmax_nan(g, y, x, n->scat_op == SCAT_MAX);
+				break;
+			default: x = LLVMBuildFAdd(g->b, y, x, ""); break;
+			}
+		}
 		LLVMBuildStore(g->b, x, opp);
 		LLVMBuildBr(g->b, skip);
 		LLVMPositionBuilderAtEnd(g->b, skip);
@@ -5040,7 +5059,7 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	LLVMPositionBuilderAtEnd(g->b, add);
 	LLVMValueRef ro = LLVMBuildMul(g->b, v, D, "");
 	scatter_cols(g, n->buf, et, w, LLVMBuildGEP2(g->b, et, op, &ro, 1, ""),
-		     LLVMBuildGEP2(g->b, et, sp, &so, 1, ""), true, d0, d1);
+		     LLVMBuildGEP2(g->b, et, sp, &so, 1, ""), true, d0, d1, 0);
 	LLVMBuildBr(g->b, next);
 	LLVMPositionBuilderAtEnd(g->b, next);
 	for (uint32_t k = r; k-- > 0;)

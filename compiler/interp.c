@@ -998,6 +998,7 @@ static const opdef_t optab[] = {
     OPS("scatter.src", scatter, SC_SRC),
     OPS("scatter.value", scatter, SC_VALUE),
     OPS("scatter_add.default", scatter, SC_ADD),
+    OPS("scatter_reduce.two", scatter_reduce, 0),
     OPS("index_add.default", index_add, 0),
     OPS("index.Tensor", index, 0),
     OPS("_unsafe_index.Tensor", index, 0),

@@ -258,7 +258,7 @@ static inline bool ki_same_shape(const it_t *a, const it_t *b)
 	X(index_put) X(nll) X(nll_bw) X(mse) X(mse_bw) X(conv) X(conv_bw)      \
 	X(maxpool) X(maxpool_bw) X(avgpool) X(avgpool_bw) X(adaptive)          \
 	X(adaptive_bw) X(upsample) X(sdpa) X(sdpa_bw) X(weight_norm) X(index_add) \
-	X(mha)
+	X(mha) X(scatter_reduce)
 /* clang-format on */
 
 #define KI_DECL_OP(name) int kiln__op_##name(ictx_t *c, int code);

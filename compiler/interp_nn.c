@@ -375,6 +375,107 @@ int kiln__op_scatter(ictx_t *c, int code)
 	return 0;
 }
 
+/* scatter_reduce.two(self, dim, index, src, reduce, include_self=True):
+ * every target's sources (and self's value, with include_self) reduced
+ * by sum, prod, mean, amax or amin (NaN wins); a target no source names
+ * keeps self's value. An integer mean rounds down, as torch's. */
+int kiln__op_scatter_reduce(ictx_t *c, int code)
+{
+	(void)code;
+	it_t *x, *ix, *src;
+	int64_t dim;
+	uint32_t d;
+	const char *how;
+	bool with_self;
+	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
+	KI_TRY(kiln__i_int(c, 1, "dim", KI_REQ, &dim));
+	KI_TRY(kiln__i_tensor(c, 2, "index", &ix));
+	KI_TRY(kiln__i_tensor(c, 3, "src", &src));
+	KI_TRY(kiln__i_str(c, 4, "reduce", &how));
+	KI_TRY(kiln__i_bool(c, 5, "include_self", true, &with_self));
+	KI_TRY(need_index(c, ix, "index"));
+	static const char *const names[] = {"sum", "prod", "mean", "amax",
+					    "amin"};
+	int k = -1;
+	for (int i = 0; i < 5; i++)
+		if (how != NULL && strcmp(how, names[i]) == 0)
+			k = i;
+	if (k < 0)
+		return kiln__i_bad(c,
+				   "reduce must be sum, prod, mean, amax or "
+				   "amin, not %s",
+				   how ? how : "missing");
+	KI_TRY(kiln__i_dim(c, dim, x->rank, &d));
+	if (src->dt != x->dt)
+		return kiln__i_bad(c, "src must have self's dtype");
+	if ((ix->rank ? ix->rank : 1) != (x->rank ? x->rank : 1) ||
+	    (src->rank ? src->rank : 1) != (x->rank ? x->rank : 1))
+		return kiln__i_bad(c, "index (and src) must have the input's "
+				      "rank");
+	for (uint32_t j = 0; j < ix->rank && j < x->rank; j++)
+		if ((j != d && ix->size[j] > x->size[j]) ||
+		    ix->size[j] > src->size[j])
+			return kiln__i_bad(
+			    c, "index is larger than self or src in dim %u", j);
+	it_t *o = &c->out[0];
+	KI_TRY(kiln__i_convert(c, x, x->dt, o));
+	int64_t n = kiln__i_numel(o);
+	int64_t *cnt = ki_icalloc(n);
+	if (cnt == NULL) {
+		kiln__i_release(o);
+		return kiln__i_oom(c);
+	}
+	bool fl = ki_isf(x->dt);
+	int64_t idx[KI_MAXR] = {0}, len = x->rank ? x->size[d] : 1;
+	int rc = 0;
+	if (kiln__i_numel(ix) > 0)
+		do {
+			int64_t v = ki_geti(ix, ki_off(ix, idx));
+			rc = wrap_index(c, &v, len, "index");
+			if (rc < 0)
+				break;
+			int64_t to = 0;
+			for (uint32_t j = 0; j < o->rank; j++)
+				to += (j == d ? v : idx[j]) * o->stride[j];
+			double sv = ki_getf(src, ki_off(src, idx));
+			double cur = ki_getf(o, to);
+			if (cnt[to]++ == 0 && !with_self)
+				cur = k == 1   ? 1
+				      : k == 3 ? -INFINITY
+				      : k == 4 ? INFINITY
+					       : 0;
+			double r;
+			if (k == 1)
+				r = cur * sv;
+			else if (k == 3 || k == 4)
+				r = isnan(cur) || isnan(sv) ? NAN
+				    : k == 3		    ? fmax(cur, sv)
+							    : fmin(cur, sv);
+			else
+				r = cur + sv;
+			/* in f64 for floats; integers exactly */
+			if (fl)
+				o->buf->f[to] = r;
+			else
+				ki_setf(o, to, r);
+		} while (ki_next(idx, ix->size, ix->rank));
+	if (rc == 0 && k == 2)
+		for (int64_t i = 0; i < n; i++) {
+			int64_t m = cnt[i] + (with_self ? 1 : 0);
+			if (cnt[i] == 0)
+				continue;
+			double v = ki_getf(o, i) / (double)m;
+			ki_setf(o, i, fl ? v : floor(v));
+		}
+	if (rc == 0 && fl)
+		for (int64_t i = 0; i < n; i++)
+			ki_setf(o, i, ki_getf(o, i));
+	free(cnt);
+	if (rc < 0)
+		kiln__i_release(o);
+	return rc;
+}
+
 /* index_add(self, dim, index [K] or [], source, alpha=1):
  *   out = self; out[.., index[k], ..] += alpha · source[.., k, ..] at dim
  * (an index outside [0, size) is rejected, as torch rejects it) */

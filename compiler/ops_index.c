@@ -32,6 +32,7 @@
 #include "compiler/ops.h"
 
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 #define MAX_SCAN 1024 /* cumsum / mask indexing: largest O(n²) size */
@@ -287,8 +288,9 @@ typedef struct scat {
 	bool pre;
 	/* an index per element: ix and src [P, K, D] (pre) */
 	bool elem;
-	/* with elem: the last source stored, not the sum (scatter) */
-	bool store;
+	/* with elem: how sources combine (scat_op_t; SCAT_ADD but for
+	 * scatter and scatter_reduce) */
+	uint8_t op;
 } scat_t;
 
 /* The scatter-add node of out [V, D] (dtype dt, f32 or f64) = base +
@@ -307,6 +309,7 @@ static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V, scat_t sp,
 	/* a base of zeros (new_zeros before index_put: the gradient of
 	 * weight[ids]) is the kernel's own zeroing */
 	if (sp.base != NULL && !sp.base->is_buf &&
+	    (sp.op == SCAT_ADD || sp.op == SCAT_STORE) &&
 	    sp.base->body->kind == SX_CONST &&
 	    (kiln_dtype_is_float(sp.base->dtype) ? sp.base->body->k.f == 0
 						 : sp.base->body->k.i == 0))
@@ -338,7 +341,7 @@ static int lscatter(lnode_t *n, lt_t *ix, lt_t *src, kiln_dim_t V, scat_t sp,
 	cn->scat_wrap = sp.wrap;
 	cn->scat_base = sp.base;
 	cn->scat_elem = sp.elem;
-	cn->scat_store = sp.store;
+	cn->scat_op = sp.op;
 	cn->node = (int32_t)n->index;
 	cn->frank = orank;
 	for (uint32_t k = 0; k < orank; k++)
@@ -387,7 +390,7 @@ static int lscatter_dim(lnode_t *n, lt_t *x, uint32_t k, lt_t *ix, lt_t *src,
 	lt_t *s = unit ? lt_unsqueeze(c, src, src->rank) : src;
 	if (base == NULL || s == NULL)
 		return -ENOMEM;
-	scat_t sp = {base, NULL, wrap, k == 1, false, false};
+	scat_t sp = {base, NULL, wrap, k == 1, false, SCAT_ADD};
 	lt_t *o;
 	int rc = lscatter(n, ix, s, x->sizes[k], sp, x->dtype, &o);
 	if (rc != 0)
@@ -397,12 +400,13 @@ static int lscatter_dim(lnode_t *n, lt_t *x, uint32_t k, lt_t *ix, lt_t *src,
 }
 
 /* x with src's elements scattered along dim k at an index of its own
- * per element (scatter_add; scatter, store: the last source wins), a
- * kernel onto x (scat_elem): x as [P, V, D] (P: the dims before k, D:
- * those after), index and src (its elements within index's extent) as
- * [P, K, D]. index has x's sizes in every dim but k. */
+ * per element, combined by op (scatter_add; scatter: the last source
+ * wins; scatter_reduce), a kernel onto x (scat_elem; !with_self: onto
+ * op's identity, x only giving the shape): x as [P, V, D] (P: the dims before
+ * k, D: those after), index and src (its elements within index's extent) as [P,
+ * K, D]. index has x's sizes in every dim but k. */
 static int lscatter_elem(lnode_t *n, lt_t *x, uint32_t k, lt_t *ix, lt_t *src,
-			 bool store, lt_t **out)
+			 uint8_t op, bool with_self, lt_t **out)
 {
 	cctx_t *c = n->c;
 	uint32_t r = x->rank;
@@ -423,7 +427,8 @@ static int lscatter_elem(lnode_t *n, lt_t *x, uint32_t k, lt_t *ix, lt_t *src,
 	lt_t *s3 = s ? lt_reshape(c, s, 3, is) : NULL;
 	if (x3 == NULL || i3 == NULL || s3 == NULL)
 		return -ENOMEM;
-	scat_t sp = {x3, NULL, true, true, true, store};
+	/* without self: the kernel starts from op's identity */
+	scat_t sp = {with_self ? x3 : NULL, NULL, true, true, true, op};
 	lt_t *o;
 	int rc = lscatter(n, i3, s3, x->sizes[k], sp, x->dtype, &o);
 	if (rc != 0)
@@ -494,7 +499,7 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 		 * O(V·N·D) reduction; with scale_grad_by_freq divided by a
 		 * second one's counts (a column of ones scattered) */
 		lt_t *s, *cnt;
-		scat_t sp = {NULL, pad, false, false, false, false};
+		scat_t sp = {NULL, pad, false, false, false, SCAT_ADD};
 		rc = lscatter(n, ix, g, vsz[0], sp, odt, &s);
 		if (rc != 0 || !freq)
 			return rc != 0 ? rc : lset(n, 0, s);
@@ -504,7 +509,7 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 		lt_t *ones = lt_fn(c, odt, ir + 1, osz, sxf(c, 1, acc));
 		if (ones == NULL)
 			return -ENOMEM;
-		scat_t cp = {NULL, NULL, false, false, false, false};
+		scat_t cp = {NULL, NULL, false, false, false, SCAT_ADD};
 		rc = lscatter(n, ix, ones, vsz[0], cp, odt, &cnt);
 		if (rc != 0)
 			return rc;
@@ -546,19 +551,26 @@ int low_embedding_backward(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, odt, 2, osz, out));
 }
 
+/* self (0), dim (1) and index (2) of an indexing op, the index checked */
+static int self_dim_index(lnode_t *n, lt_t **x, int64_t *d, lt_t **ix)
+{
+	int rc = ltensor(n, 0, "self", x);
+	if (rc == 0)
+		rc = lint(n, 1, "dim", 0, d);
+	if (rc == 0)
+		rc = ltensor(n, 2, "index", ix);
+	if (rc == 0)
+		rc = need_index(n, *ix, "index");
+	return rc;
+}
+
 /* index_select(self, dim, index [K] or []):
  *   out[..., i, ...] = self[..., wrap(index[i]), ...] along dim. */
 int low_index_select(cctx_t *c, lnode_t *n)
 {
 	lt_t *x, *ix;
 	int64_t d;
-	int rc = ltensor(n, 0, "self", &x);
-	if (rc == 0)
-		rc = lint(n, 1, "dim", 0, &d);
-	if (rc == 0)
-		rc = ltensor(n, 2, "index", &ix);
-	if (rc == 0)
-		rc = need_index(n, ix, "index");
+	int rc = self_dim_index(n, &x, &d, &ix);
 	if (rc != 0)
 		return rc;
 	if (ix->rank > 1)
@@ -606,13 +618,7 @@ int low_gather(cctx_t *c, lnode_t *n)
 {
 	lt_t *x, *ix;
 	int64_t d;
-	int rc = ltensor(n, 0, "self", &x);
-	if (rc == 0)
-		rc = lint(n, 1, "dim", 0, &d);
-	if (rc == 0)
-		rc = ltensor(n, 2, "index", &ix);
-	if (rc == 0)
-		rc = need_index(n, ix, "index");
+	int rc = self_dim_index(n, &x, &d, &ix);
 	if (rc != 0)
 		return rc;
 	uint32_t ud;
@@ -673,19 +679,87 @@ int low_gather(cctx_t *c, lnode_t *n)
  *   scatter:     last = max_q (match ? q : -1)
  *                out[p] = last >= 0 ? src[p | dim := last] (or value)
  *                                   : self[p]   (last write wins) */
+/* A scatter's virtual [p..., q] (q: index's dim ud): its sizes, where
+ * index and src are read (p clamped into index's extent, in bounds even
+ * inside lazy bodies), inb (p within index's extent, NULL: always),
+ * match(p, q), whether index spans self outside ud, whether it is empty;
+ * the checks every scatter makes. */
+typedef struct svirt {
+	uint32_t r, ud;
+	kiln_dim_t vsz[CIR_MAX_RANK];
+	const kiln_expr_t *qpos[CIR_MAX_RANK];
+	const sx_t *inb, *match;
+	bool spans, empty;
+} svirt_t;
+
+static int scatter_virt(lnode_t *n, const lt_t *x, uint32_t ud, const lt_t *ix,
+			const lt_t *src, svirt_t *v)
+{
+	cctx_t *c = n->c;
+	memset(v, 0, sizeof(*v));
+	if (src != NULL && src->dtype != x->dtype)
+		return lerr(n, KILN_EINVGRAPH, "src must have self's dtype");
+	if (x->rank == 0 || ix->rank == 0 || (src && src->rank == 0))
+		return lerr(n, KILN_EUNSUPOP, "0-d scatter is not lowered");
+	uint32_t r = x->rank;
+	if (ix->rank != r || (src != NULL && src->rank != r) ||
+	    r + 1 > CIR_MAX_RANK)
+		return lerr(n, KILN_EINVGRAPH,
+			    "index (and src) must have the input's rank %u", r);
+	v->r = r;
+	v->ud = ud;
+	v->spans = true;
+	for (uint32_t j = 0; j < r; j++) {
+		if ((j != ud && dim_gt(ix->sizes[j], x->sizes[j])) ||
+		    (src != NULL && dim_gt(ix->sizes[j], src->sizes[j])))
+			return lerr(n, KILN_EINVGRAPH,
+				    "index is larger than self or src in dim "
+				    "%u",
+				    j);
+		if (j != ud && !dim_eq(ix->sizes[j], x->sizes[j])) {
+			v->spans = false;
+			v->inb =
+			    and2(c, v->inb,
+				 sx_bin(c, OP_LT, sx_index(c, ix_var(c, j)),
+					dimv(c, ix->sizes[j])));
+		}
+		v->empty = v->empty || dim_is(ix->sizes[j], 0);
+	}
+	for (uint32_t j = 0; j < r; j++) {
+		v->vsz[j] = x->sizes[j];
+		v->qpos[j] = ix_var(c, j);
+		if (j != ud && !dim_eq(ix->sizes[j], x->sizes[j]))
+			v->qpos[j] = ix_min(
+			    c, v->qpos[j],
+			    ix_sub(c, ix_dim(c, ix->sizes[j]), ix_const(c, 1)));
+	}
+	v->vsz[r] = ix->sizes[ud];
+	v->qpos[ud] = ix_var(c, r);
+	const sx_t *iv = lt_at(c, ix, v->qpos);
+	if (v->inb != NULL)
+		iv = sx_guard(c, iv, v->inb);
+	const sx_t *ok;
+	iv = wrap_idx(c, iv, x->sizes[ud], true, &ok);
+	v->match =
+	    and2(c, v->inb, sx_bin(c, OP_EQ, iv, sx_index(c, ix_var(c, ud))));
+	return v->match ? 0 : -ENOMEM;
+}
+
+/* src at the virtual position (p, q), in acc (guarded by inb) */
+static const sx_t *svirt_src(cctx_t *c, const svirt_t *v, const lt_t *src,
+			     kiln_dtype_t acc)
+{
+	const sx_t *sv = sx_cast(c, lt_at(c, src, v->qpos), acc);
+	return v->inb != NULL ? sx_guard(c, sv, v->inb) : sv;
+}
+
 int low_scatter(cctx_t *c, lnode_t *n)
 {
 	lt_t *x, *ix, *src = NULL;
 	int64_t d;
 	operand_t val;
 	memset(&val, 0, sizeof(val));
-	int rc = ltensor(n, 0, "self", &x);
-	if (rc == 0)
-		rc = lint(n, 1, "dim", 0, &d);
-	if (rc == 0)
-		rc = ltensor(n, 2, "index", &ix);
-	if (rc == 0)
-		rc = need_index(n, ix, "index");
+	int rc = self_dim_index(n, &x, &d, &ix);
 	if (rc == 0 && n->param == 1)
 		rc = loperand(n, 3, "value", &val);
 	else if (rc == 0)
@@ -698,57 +772,17 @@ int low_scatter(cctx_t *c, lnode_t *n)
 		return rc;
 	if (n->param == 1 && val.t != NULL)
 		return lerr(n, KILN_EINVGRAPH, "value must be a number");
-	if (src != NULL && src->dtype != x->dtype)
-		return lerr(n, KILN_EINVGRAPH, "src must have self's dtype");
-	if (x->rank == 0 || ix->rank == 0 || (src && src->rank == 0))
-		return lerr(n, KILN_EUNSUPOP, "0-d scatter is not lowered");
-	uint32_t r = x->rank;
-	if (ix->rank != r || (src != NULL && src->rank != r) ||
-	    r + 1 > CIR_MAX_RANK)
-		return lerr(n, KILN_EINVGRAPH,
-			    "index (and src) must have the input's rank %u", r);
-	const sx_t *inb = NULL; /* p inside index's extent */
-	for (uint32_t j = 0; j < r; j++) {
-		if ((j != ud && dim_gt(ix->sizes[j], x->sizes[j])) ||
-		    (src != NULL && dim_gt(ix->sizes[j], src->sizes[j])))
-			return lerr(n, KILN_EINVGRAPH,
-				    "index is larger than self or src in dim "
-				    "%u",
-				    j);
-		if (j != ud && !dim_eq(ix->sizes[j], x->sizes[j]))
-			inb = and2(c, inb,
-				   sx_bin(c, OP_LT, sx_index(c, ix_var(c, j)),
-					  dimv(c, ix->sizes[j])));
-	}
+	svirt_t sv;
+	rc = scatter_virt(n, x, ud, ix, src, &sv);
+	if (rc != 0)
+		return rc;
+	uint32_t r = sv.r;
 	kiln_dtype_t dt = x->dtype, acc = compute_dtype(dt);
 	const sx_t *self = lt_body(c, x);
-	bool empty = false;
-	for (uint32_t j = 0; j < r; j++)
-		empty = empty || dim_is(ix->sizes[j], 0);
-	if (empty)
+	if (sv.empty)
 		return lset(n, 0, lt_fn(c, dt, r, x->sizes, self));
-	/* the virtual [p..., q]; index and src are read at p clamped into
-	 * index's extent (in bounds even inside lazy bodies; match is false
-	 * there) and guarded */
-	kiln_dim_t vsz[CIR_MAX_RANK];
-	const kiln_expr_t *qpos[CIR_MAX_RANK];
-	for (uint32_t j = 0; j < r; j++) {
-		vsz[j] = x->sizes[j];
-		qpos[j] = ix_var(c, j);
-		if (j != ud && !dim_eq(ix->sizes[j], x->sizes[j]))
-			qpos[j] = ix_min(
-			    c, qpos[j],
-			    ix_sub(c, ix_dim(c, ix->sizes[j]), ix_const(c, 1)));
-	}
-	vsz[r] = ix->sizes[ud];
-	qpos[ud] = ix_var(c, r);
-	const sx_t *iv = lt_at(c, ix, qpos);
-	if (inb != NULL)
-		iv = sx_guard(c, iv, inb);
-	const sx_t *ok;
-	iv = wrap_idx(c, iv, x->sizes[ud], true, &ok);
-	const sx_t *match =
-	    and2(c, inb, sx_bin(c, OP_EQ, iv, sx_index(c, ix_var(c, ud))));
+	const kiln_dim_t *vsz = sv.vsz;
+	const sx_t *match = sv.match;
 	lt_t *red;
 	if (n->param == 2 && r == 2 && ud == 0 &&
 	    (dt == KILN_DT_F32 || dt == KILN_DT_F64) && ix->is_buf &&
@@ -762,14 +796,11 @@ int low_scatter(cctx_t *c, lnode_t *n)
 		lt_t *s2 = lead_view(c, src, 2, esz);
 		if (i1 == NULL || s2 == NULL)
 			return -ENOMEM;
-		scat_t sp = {x, NULL, true, false, false, false};
+		scat_t sp = {x, NULL, true, false, false, SCAT_ADD};
 		rc = lscatter(n, i1, s2, x->sizes[0], sp, dt, &red);
 		return rc != 0 ? rc : lset(n, 0, red);
 	}
-	bool spans = true; /* index has self's sizes outside dim */
-	for (uint32_t j = 0; j < r; j++)
-		spans = spans && (j == ud || dim_eq(ix->sizes[j], x->sizes[j]));
-	if ((dt == KILN_DT_F32 || dt == KILN_DT_F64) && spans &&
+	if ((dt == KILN_DT_F32 || dt == KILN_DT_F64) && sv.spans &&
 	    vwork_over(c, r + 1, vsz)) {
 		/* an index per element (the gradient of a gather, a one-hot
 		 * scatter of a value): a scatter kernel onto self whose units
@@ -782,14 +813,14 @@ int low_scatter(cctx_t *c, lnode_t *n)
 			if (src == NULL)
 				return -ENOMEM;
 		}
-		rc = lscatter_elem(n, x, ud, ix, src, n->param != 2, &red);
+		rc = lscatter_elem(n, x, ud, ix, src,
+				   n->param != 2 ? SCAT_STORE : SCAT_ADD, true,
+				   &red);
 		return rc != 0 ? rc : lset(n, 0, red);
 	}
 	if (n->param == 2) {
-		const sx_t *sv = sx_cast(c, lt_at(c, src, qpos), acc);
-		if (inb != NULL)
-			sv = sx_guard(c, sv, inb);
-		const sx_t *body = sx_where(c, match, sv, zero(c, acc));
+		const sx_t *body = sx_where(
+		    c, match, svirt_src(c, &sv, src, acc), zero(c, acc));
 		rc = vreduce(n, r + 1, vsz, body, 1u << r, RED_SUM, acc, &red);
 		if (rc != 0)
 			return rc;
@@ -822,6 +853,117 @@ int low_scatter(cctx_t *c, lnode_t *n)
 		    lt_fn(c, dt, r, x->sizes,
 			  sx_where(c, hit, sx_cast(c, nv, acc),
 				   sx_cast(c, self, acc))));
+}
+
+/* scatter_reduce.two(self, dim, index, src, reduce, include_self=True),
+ * floats: over the virtual [p..., q] of low_scatter, R = the reduction
+ * (sum, prod, amax, amin; mean: the sum) of the matching sources and
+ * C = their count:
+ *   include_self:  self ∘ R   (mean: (self + R) / (C + 1))
+ *   otherwise:     C > 0 ? R (mean: R / C) : self
+ * amax and amin propagate NaN, as torch's. Past 2^22 pairs with an index
+ * spanning self outside dim: scatter kernels (R, and C where needed: a
+ * second one scattering ones), as scatter_add's. */
+int low_scatter_reduce(cctx_t *c, lnode_t *n)
+{
+	lt_t *x, *ix, *src;
+	int64_t d;
+	const char *how;
+	bool with_self;
+	int rc = self_dim_index(n, &x, &d, &ix);
+	if (rc == 0)
+		rc = ltensor(n, 3, "src", &src);
+	if (rc == 0)
+		rc = lstr(n, 4, "reduce", NULL, &how);
+	if (rc == 0)
+		rc = lbool(n, 5, "include_self", true, &with_self);
+	if (rc != 0)
+		return rc;
+	static const struct {
+		const char *name;
+		red_op_t red;
+		uint8_t op;
+		double id;
+	} ops[] = {{"sum", RED_SUM, SCAT_ADD, 0},
+		   {"mean", RED_SUM, SCAT_ADD, 0},
+		   {"prod", RED_PROD, SCAT_MUL, 1},
+		   {"amax", RED_MAX, SCAT_MAX, -INFINITY},
+		   {"amin", RED_MIN, SCAT_MIN, INFINITY}};
+	int k = -1;
+	for (int i = 0; i < 5 && how != NULL; i++)
+		if (strcmp(how, ops[i].name) == 0)
+			k = i;
+	if (k < 0)
+		return lerr(n, KILN_EINVGRAPH,
+			    "reduce must be sum, prod, mean, amax or amin, "
+			    "not %s",
+			    how ? how : "missing");
+	uint32_t ud;
+	rc = ldim(n, d, x->rank, &ud);
+	if (rc != 0)
+		return rc;
+	svirt_t sv;
+	rc = scatter_virt(n, x, ud, ix, src, &sv);
+	if (rc != 0)
+		return rc;
+	uint32_t r = sv.r;
+	kiln_dtype_t dt = x->dtype, acc = compute_dtype(dt);
+	if (!kiln_dtype_is_float(dt))
+		return lerr(n, KILN_EUNSUPOP,
+			    "scatter_reduce of %s is not lowered",
+			    kiln_dtype_name(dt));
+	const sx_t *self = sx_cast(c, lt_body(c, x), acc);
+	if (sv.empty)
+		return lset(n, 0, lt_fn(c, dt, r, x->sizes, self));
+	bool mean = k == 1, need_count = mean || !with_self;
+	const sx_t *R, *C = NULL;
+	lt_t *red, *cnt = NULL;
+	if ((dt == KILN_DT_F32 || dt == KILN_DT_F64) && sv.spans &&
+	    vwork_over(c, r + 1, sv.vsz)) {
+		rc = lscatter_elem(n, x, ud, ix, src, ops[k].op,
+				   with_self && !mean, &red);
+		if (rc == 0 && need_count) {
+			lt_t *ones = lt_fn(c, dt, r, ix->sizes, sxf(c, 1, dt));
+			rc = ones ? lscatter_elem(n, x, ud, ix, ones, SCAT_ADD,
+						  false, &cnt)
+				  : -ENOMEM;
+		}
+		if (rc != 0)
+			return rc;
+		R = sx_cast(c, lt_body(c, red), acc);
+		if (cnt != NULL)
+			C = sx_cast(c, lt_body(c, cnt), acc);
+		if (with_self && !mean)
+			return lset(n, 0, red); /* self ∘ R in the kernel */
+	} else {
+		const sx_t *body =
+		    sx_where(c, sv.match, svirt_src(c, &sv, src, acc),
+			     sxf(c, ops[k].id, acc));
+		rc = vreduce(n, r + 1, sv.vsz, body, 1u << r, ops[k].red, acc,
+			     &red);
+		if (rc == 0 && need_count)
+			rc = vreduce(n, r + 1, sv.vsz,
+				     sx_where(c, sv.match, sxf(c, 1, acc),
+					      sxf(c, 0, acc)),
+				     1u << r, RED_SUM, acc, &cnt);
+		if (rc != 0)
+			return rc;
+		R = lt_body(c, red);
+		if (cnt != NULL)
+			C = lt_body(c, cnt);
+	}
+	const sx_t *out;
+	static const sx_op_t comb[5] = {OP_ADD, OP_ADD, OP_MUL, OP_MAX, OP_MIN};
+	if (with_self) {
+		out = sx_bin(c, comb[k], self, R);
+		if (mean)
+			out = sx_bin(c, OP_DIV, out,
+				     sx_bin(c, OP_ADD, C, sxf(c, 1, acc)));
+	} else {
+		const sx_t *v = mean ? sx_bin(c, OP_DIV, R, C) : R;
+		out = sx_where(c, sx_bin(c, OP_GT, C, sxf(c, 0, acc)), v, self);
+	}
+	return lset(n, 0, lt_fn(c, dt, r, x->sizes, out));
 }
 
 /* index_add(self, dim, index [K] or [], source, alpha=1), over the

@@ -26,6 +26,13 @@
 #include <errno.h>
 #include <string.h>
 
+/* scatter kernels by scat_op_t: the report's names and verbs */
+static const char *const scat_names[] = {
+    "scatter-add", "scatter (the last source wins)", "scatter-prod",
+    "scatter-amax", "scatter-amin"};
+static const char *const scat_verbs[] = {"adds", "stores", "multiplies",
+					 "maxes", "mins"};
+
 #define MAX_MEMBERS 64
 
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);
@@ -1075,25 +1082,25 @@ char *sched_report(cctx_t *c)
 		if (k->is_scatter) {
 			const cnode_t *n = &c->nodes[k->members[0].node];
 			sb_printf(&s, "%s: %s ", k->name,
-				  n->scat_store ? "scatter (the last source "
-						  "wins)"
-						: "scatter-add");
+				  scat_names[n->scat_op]);
 			sb_dims(c, &s, n->frank, n->fsizes, 0);
 			sb_printf(&s, " of ");
 			sb_dims(c, &s, n->ga->rank, n->ga->sizes, 0);
-			sb_printf(&s,
-				  " source %s, columns in blocks of %lld "
-				  "(a unit %s and %s every %s into them), "
-				  "buf%u%s  <- node %d %s\n",
-				  n->scat_elem ? "elements, an index each"
-					       : "rows",
-				  (long long)cg_scatter_cols(c, n),
-				  n->scat_base != NULL ? "copies self's columns"
-						       : "zeroes its columns",
-				  n->scat_store ? "stores" : "adds",
-				  n->scat_elem ? "element" : "row", n->buf,
-				  c->bufs[n->buf].is_output ? " (output)" : "",
-				  n->node, c->g->nodes[n->node].op);
+			sb_printf(
+			    &s,
+			    " source %s, columns in blocks of %lld "
+			    "(a unit %s and %s every %s into them), "
+			    "buf%u%s  <- node %d %s\n",
+			    n->scat_elem ? "elements, an index each" : "rows",
+			    (long long)cg_scatter_cols(c, n),
+			    n->scat_base != NULL ? "copies self's columns"
+			    : n->scat_op == SCAT_ADD || n->scat_op == SCAT_STORE
+				? "zeroes its columns"
+				: "fills its columns with the identity",
+			    scat_verbs[n->scat_op],
+			    n->scat_elem ? "element" : "row", n->buf,
+			    c->bufs[n->buf].is_output ? " (output)" : "",
+			    n->node, c->g->nodes[n->node].op);
 			continue;
 		}
 		if (k->is_gemm) {
@@ -1298,8 +1305,7 @@ char *sched_ir(cctx_t *c)
 			sb_printf(&s,
 				  " = %s of buf%u's %s at the "
 				  "indices in buf%u  ; node %d %s\n",
-				  n->scat_store ? "scatter" : "scatter-add",
-				  n->gb->buf,
+				  scat_names[n->scat_op], n->gb->buf,
 				  n->scat_elem ? "elements" : "rows",
 				  n->ga->buf, n->node, op);
 			continue;

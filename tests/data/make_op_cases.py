@@ -924,6 +924,25 @@ def build_nn():
     case(op, "dim0", lambda x, i, s: A.scatter.src(x, 0, i, s), U(4, 2), perm(4)[:3].view(3, 1), U(3, 2))
     case("scatter_add", "dups", lambda x, i, s: A.scatter_add.default(x, 1, i, s), U(2, 4), I(2, 5, lo=0, hi=4), U(2, 5))
     case("scatter_add", "i64", lambda x, i, s: A.scatter_add.default(x, 0, i, s), I(3), I(6, lo=0, hi=3), I(6))
+    op = "scatter_reduce"
+    seed(op)
+    ACC.add(op)
+    sr = A.scatter_reduce.two
+    for how in ["sum", "prod", "mean", "amax", "amin"]:
+        for inc in [True, False]:
+            # dim 1 with repeats and a column no source names; src wider
+            # than index (its extra elements unread)
+            case(op, f"{how}_{'self' if inc else 'noself'}",
+                 lambda x, i, s, how=how, inc=inc: sr(x, 1, i, s, how, include_self=inc),
+                 U(3, 5), I(3, 4, lo=0, hi=4), U(3, 6))
+    case(op, "amax_dim0_index_narrower", lambda x, i, s: sr(x, 0, i, s, "amax", include_self=False),
+         U(5, 4), I(6, 3, lo=0, hi=5), U(6, 4))
+    nan_src = U(3, 4)
+    nan_src[1, 2] = float("nan")
+    case(op, "amin_nan_f64", lambda x, i, s: sr(x, -1, i, s, "amin"), U(3, 5, dt=f64),
+         I(3, 4, lo=0, hi=5), nan_src.to(f64))
+    case(op, "mean_i64", lambda x, i, s: sr(x, 0, i, s, "mean", include_self=True), I(4, 2, lo=-9, hi=9),
+         I(6, 2, lo=0, hi=4), I(6, 2, lo=-9, hi=9))
     op = "index_add"
     case(op, "rows", lambda x, i, s: A.index_add.default(x, 0, i, s), U(5, 3), I(7, lo=0, hi=5), U(7, 3))
     case(op, "dim1_alpha", lambda x, i, s: A.index_add.default(x, 1, i, s, alpha=2.5), U(2, 4, 3),
@@ -1524,6 +1543,11 @@ def bad_cases():
            [z23], "invalid_graph", "dim1: missing int argument")
     yield ("wrong_arg_kind", graph1([f23], [node("aten.unsqueeze.default", [R0, "x"], [f23])], [R1]),
            [z23], "invalid_graph", "dim: expected an int")
+    yield ("scatter_reduce_bad_reduce",
+           graph1([f23, spec("i64", [2, 3]), f23],
+                  [node("aten.scatter_reduce.two", [R0, 1, R1, R2, "max"], [f23])], [{"ref": 3}]),
+           [z23, zeros_entry("i64", [2, 3]), z23], "invalid_graph",
+           "reduce must be sum, prod, mean, amax or amin, not max")
     yield from fused_attention_bad_cases()
 
 

@@ -426,6 +426,40 @@ def test_a_large_gather_and_one_hot_scatter_are_scatter_kernels_and_train_like_e
     _no_fallback()
 
 
+class _MaxAggregationNet(nn.Module):
+    """A graph network layer that takes each node's max over its incoming
+    messages (PyG's `scatter(..., reduce="max")`: scatter_reduce amax
+    without self) and their mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.msg = nn.Linear(64, 64)
+        self.out = nn.Linear(128, 16)
+
+    def forward(self, x, src, dst):
+        m = torch.relu(self.msg(x[src]))
+        idx = dst.view(-1, 1).expand(-1, 64)
+        mx = torch.zeros_like(x).scatter_reduce(0, idx, m, "amax", include_self=False)
+        mean = torch.zeros_like(x).scatter_reduce(0, idx, m, "mean", include_self=False)
+        return self.out(torch.cat([mx, mean], -1))
+
+
+def test_a_graph_networks_max_aggregation_is_scatter_kernels_and_trains_like_eager():
+    # 2048 nodes x 600 edges x 64 features is 79M (output, source) pairs:
+    # scatter_reduce's amax and mean are kiln's scatter kernels (with a
+    # count beside them), and so is the backward's scatter_add
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    src, dst = _ids(16, (600,), 2048), _ids(17, (600,), 2048)
+    dst[:20] = 5  # a node with many messages; most nodes have none
+    _train_like_eager(_MaxAggregationNet(), (_x(18, 2048, 64), src, dst))
+    assert [r for r in kb.records() if r["kind"] == "backward"], kb.records()
+    for r in kb.records():
+        assert not r["fallback_ops"], r
+    _no_fallback()
+
+
 class _WeightNormNet(nn.Module):
     """wav2vec2's positional convolution in small (weight norm over the
     kernel's last dim, dim=2) and a weight-normed linear (dim=0)."""

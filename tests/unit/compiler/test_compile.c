@@ -3374,6 +3374,13 @@ static kiln_graph_t *scatter_elem_graph(const char *op, const char *dt,
 					uint32_t r, uint32_t k)
 {
 	bool value = strstr(op, "value") != NULL;
+	/* scatter_reduce.two:<reduce>[:noself] */
+	char how[16] = "";
+	bool reduce = strncmp(op, "aten.scatter_reduce.two:", 24) == 0;
+	bool noself = reduce && strstr(op, ":noself") != NULL;
+	if (reduce)
+		snprintf(how, sizeof(how), "%.*s", (int)strcspn(op + 24, ":"),
+			 op + 24);
 	int64_t ss[8];
 	for (uint32_t j = 0; j < r; j++)
 		ss[j] = is[j] + (j == r - 1 ? 1 : 0);
@@ -3386,7 +3393,7 @@ static kiln_graph_t *scatter_elem_graph(const char *op, const char *dt,
 		specn(&b, dt, ss, r);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
-	node_head(&b, op, 4);
+	node_head(&b, reduce ? "aten.scatter_reduce.two" : op, reduce ? 6 : 4);
 	ref(&b, 0);
 	msgpack_pack_int64(&b.pk, k);
 	ref(&b, 1);
@@ -3394,6 +3401,13 @@ static kiln_graph_t *scatter_elem_graph(const char *op, const char *dt,
 		msgpack_pack_double(&b.pk, 1.0);
 	else
 		ref(&b, 2);
+	if (reduce) {
+		s(&b, how);
+		if (noself)
+			msgpack_pack_false(&b.pk);
+		else
+			msgpack_pack_true(&b.pk);
+	}
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
 	specn(&b, dt, xs, r);
@@ -3457,6 +3471,48 @@ Test(lowering, element_scatters_are_scatter_kernels, .timeout = 300)
 	     1,
 	     {2048, 4096},
 	     {2048, 1},
+	     false},
+	    /* scatter_reduce: a graph network's max aggregation (onto the
+	     * identity, a count kernel beside it), and the others */
+	    {"aten.scatter_reduce.two:amax:noself",
+	     "f32",
+	     "scatter-amax",
+	     2,
+	     0,
+	     {4096, 64},
+	     {512, 64},
+	     false},
+	    {"aten.scatter_reduce.two:amin:noself",
+	     "f32",
+	     "scatter-amin",
+	     3,
+	     1,
+	     {8, 3000, 40},
+	     {8, 20, 40},
+	     false},
+	    {"aten.scatter_reduce.two:prod",
+	     "f64",
+	     "scatter-prod",
+	     2,
+	     1,
+	     {1024, 5000},
+	     {1024, 2},
+	     false},
+	    {"aten.scatter_reduce.two:mean",
+	     "f32",
+	     "scatter-add",
+	     3,
+	     2,
+	     {4, 300, 5000},
+	     {4, 300, 3},
+	     false},
+	    {"aten.scatter_reduce.two:sum:noself",
+	     "f64",
+	     "scatter-add",
+	     2,
+	     0,
+	     {4096, 64},
+	     {512, 64},
 	     false},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -5719,6 +5775,18 @@ Test(compile, fused_attention_bad_arguments)
 	    {"mha_mask_type", "mask_type must be 0, 1 or 2, not 3"},
 	    {"mha_qkv_weight_shape",
 	     "qkv_weight must be [3*embed_dim, embed_dim]"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
+/* scatter_reduce with a reduce torch does not name ("max": torch's is
+ * "amax"), tests/data/bad/scatter_reduce_bad_reduce: rejected as the
+ * interpreter rejects it. */
+Test(compile, scatter_reduce_bad_reduce)
+{
+	static const badcase_t bad[] = {
+	    {"scatter_reduce_bad_reduce",
+	     "reduce must be sum, prod, mean, amax or amin, not max"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

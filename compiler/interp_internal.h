@@ -246,7 +246,7 @@ static inline bool ki_same_shape(const it_t *a, const it_t *b)
 /* ---- op entry points (code selects the variant) ---- */
 /* clang-format off */
 #define KI_OPS_FUNCS(X)                                                        \
-	X(unary) X(binary) X(where) X(masked_fill) X(clamp) X(lerp)            \
+	X(unary) X(binary) X(where) X(masked_fill) X(clamp) X(lerp) X(addcmul) \
 	X(pw_backward) X(convert) X(create) X(arange) X(dropout)               \
 	X(dropout_bw) X(kiln_dropout) X(tri) X(reduce) X(argred) X(minmax_dim) X(varstd)       \
 	X(cumsum) X(softmax) X(softmax_bw) X(layer_norm) X(layer_norm_bw)      \
@@ -340,6 +340,8 @@ enum {
 	T_WHERE,
 	T_CLAMP,
 	T_LERP,
+	T_ADDCMUL,
+	T_ADDCDIV,
 	T_THRESH_BW,
 	T_HARDTANH_BW,
 	T_GELU_BW,
@@ -380,7 +382,8 @@ enum {
 	R_ALL,
 	R_LSE,
 	R_MAXALL,
-	R_MINALL
+	R_MINALL,
+	R_NORM
 };
 enum { V_VAR, V_STD };
 enum { VW_VIEW, VW_RESHAPE_ALIAS };

@@ -158,16 +158,26 @@ int kiln__op_reduce(ictx_t *c, int code)
 	it_t *x;
 	bool mask[KI_MAXR], keepdim = false, given = false;
 	int cnt;
+	double ord = 2; /* linalg_vector_norm(self, ord, dim, keepdim) */
+	int dpos = code == R_NORM ? 2 : 1;
 	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
+	if (code == R_NORM) {
+		KI_TRY(kiln__i_num(c, 1, "ord", false, 2, &ord));
+		if (!ki_isf(x->dt))
+			return kiln__i_bad(c,
+					   "linalg_vector_norm takes floating "
+					   "tensors, not %s",
+					   kiln_dtype_name(x->dt));
+	}
 	if (code == R_MAXALL || code == R_MINALL) {
 		for (uint32_t d = 0; d < x->rank; d++)
 			mask[d] = true;
 	} else {
-		KI_TRY(kiln__i_parse_dims(c, x, 1, "dim", true, mask, &cnt));
-		KI_TRY(kiln__i_bool(c, 2, "keepdim", false, &keepdim));
+		KI_TRY(kiln__i_parse_dims(c, x, dpos, "dim", true, mask, &cnt));
+		KI_TRY(kiln__i_bool(c, dpos + 1, "keepdim", false, &keepdim));
 	}
 	kiln_dtype_t odt = x->dt;
-	if (code == R_SUM || code == R_PROD || code == R_MEAN)
+	if (code == R_SUM || code == R_PROD || code == R_MEAN || code == R_NORM)
 		KI_TRY(kiln__i_dtype(c, -1, "dtype", &odt, &given));
 	switch (code) {
 	case R_SUM:
@@ -191,7 +201,7 @@ int kiln__op_reduce(ictx_t *c, int code)
 	red_t p;
 	red_plan(x, mask, &p);
 	if ((code == R_AMAX || code == R_AMIN || code == R_MAXALL ||
-	     code == R_MINALL) &&
+	     code == R_MINALL || (code == R_NORM && isinf(ord))) &&
 	    p.rn == 0)
 		return kiln__i_bad(c, "cannot reduce over an empty dimension "
 				      "(no identity)");
@@ -242,6 +252,32 @@ int kiln__op_reduce(ictx_t *c, int code)
 		}
 		double a = code == R_PROD || code == R_ALL ? 1 : 0;
 		double m = -INFINITY;
+		if (code == R_NORM) {
+			/* |x|: the sum of |x|^ord, or the max (ord inf) or the
+			 * min (-inf) of |x|, or the count of non-zeros (0) */
+			a = isinf(ord) && ord < 0 ? INFINITY : 0;
+			for (int64_t j = 0; j < n; j++) {
+				double v = fabs(vf[j]);
+				if (isinf(ord))
+					a = isnan(a) || isnan(v) ? NAN
+					    : ord > 0		 ? fmax(a, v)
+								 : fmin(a, v);
+				else if (ord == 0)
+					a += v != 0;
+				else if (ord == 1)
+					a += v;
+				else if (ord == 2)
+					a += v * v;
+				else
+					a += pow(v, ord);
+			}
+			if (ord == 2)
+				a = sqrt(a);
+			else if (!isinf(ord) && ord != 0 && ord != 1)
+				a = pow(a, 1 / ord);
+			ki_setf(o, k, a);
+			continue;
+		}
 		if (code == R_LSE)
 			for (int64_t j = 0; j < n; j++)
 				m = vf[j] > m || isnan(vf[j]) ? vf[j] : m;

@@ -172,6 +172,8 @@ static double pw_f(pw_t *pw, const double *x)
 			r = isnan(x[2]) ? x[2] : (r > x[2] ? x[2] : r);
 		return r;
 	}
+	case T_ADDCMUL: return a + pw->p[0] * (b * x[2]);
+	case T_ADDCDIV: return a + pw->p[0] * (b / x[2]);
 	case T_LERP: {
 		double w = x[2];
 		return fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1 - w);
@@ -215,6 +217,7 @@ static int64_t pw_i(pw_t *pw, const int64_t *x)
 	int64_t a = x[0], b = x[1];
 	int64_t alpha = (int64_t)pw->p[0];
 	switch (pw->code) {
+	case T_ADDCMUL: return WADD(a, WMUL(alpha, WMUL(b, x[2])));
 	case U_COPY: return a;
 	case U_ABS: return a < 0 ? WSUB(0, a) : a;
 	case U_NEG: return WSUB(0, a);
@@ -619,6 +622,36 @@ int kiln__op_lerp(ictx_t *c, int code)
 	pw_t pw = {.code = T_LERP, .fl = true, .rdt = opmath(x->dt)};
 	int rc = pw_eval(c, &pw, 3, ops, x->dt, &c->out[0]);
 	kiln__i_release(&w);
+	return rc;
+}
+
+/* addcmul (code 0) and addcdiv (1) (self, tensor1, tensor2, value=1):
+ * self + value · (tensor1 ∘ tensor2), in the operands' result type; addcdiv
+ * of integers refused, as torch refuses it */
+int kiln__op_addcmul(ictx_t *c, int code)
+{
+	it_t a[3];
+	memset(a, 0, sizeof(a));
+	int rc = kiln__i_operand(c, 0, "self", &a[0]);
+	if (rc == 0)
+		rc = kiln__i_operand(c, 1, "tensor1", &a[1]);
+	if (rc == 0)
+		rc = kiln__i_operand(c, 2, "tensor2", &a[2]);
+	pw_t pw = {.code = code ? T_ADDCDIV : T_ADDCMUL};
+	if (rc == 0)
+		rc = kiln__i_num(c, 3, "value", false, 1, &pw.p[0]);
+	it_t *ops[3] = {&a[0], &a[1], &a[2]};
+	kiln_dtype_t ct = kiln__i_result_type(ops, 3);
+	if (rc == 0 && code == 1 && !ki_isf(ct))
+		rc = kiln__i_bad(c, "addcdiv of integer tensors is not "
+				    "supported (torch refuses it too)");
+	if (rc == 0) {
+		pw.fl = ki_isf(ct);
+		pw.rdt = opmath(ct);
+		rc = pw_eval(c, &pw, 3, ops, ct, &c->out[0]);
+	}
+	for (int i = 0; i < 3; i++)
+		kiln__i_release(&a[i]);
 	return rc;
 }
 

@@ -763,15 +763,39 @@ int kiln__op_repeat(ictx_t *c, int code)
 }
 
 /* select_backward(grad, input_sizes, dim, index) */
+/* The placed tensor (grad_output, code 0; src, code 1: select_scatter /
+ * slice_scatter) and the result's shape (input_sizes; self's). */
+static int placed(ictx_t *c, int code, it_t **g, it_t **self, int64_t *size,
+		  int *n)
+{
+	*self = NULL;
+	if (code == 0) {
+		KI_TRY(kiln__i_tensor(c, 0, "grad_output", g));
+		return kiln__i_ints(c, 1, "input_sizes", size, KI_MAXR, n);
+	}
+	KI_TRY(kiln__i_tensor(c, 0, "self", self));
+	KI_TRY(kiln__i_tensor(c, 1, "src", g));
+	*n = (int)(*self)->rank;
+	memcpy(size, (*self)->size, sizeof((*self)->size));
+	return 0;
+}
+
+/* The result: zeros of g's dtype, or a copy of self */
+static int placed_out(ictx_t *c, const it_t *g, const it_t *self, int n,
+		      const int64_t *size, it_t *o)
+{
+	if (self != NULL)
+		return kiln__i_convert(c, self, self->dt, o);
+	return kiln__i_alloc(c, o, g->dt, (uint32_t)n, size);
+}
+
 int kiln__op_select_bw(ictx_t *c, int code)
 {
-	(void)code;
-	it_t *g;
+	it_t *g, *self;
 	int64_t size[KI_MAXR], dim, index;
 	int n;
 	uint32_t d;
-	KI_TRY(kiln__i_tensor(c, 0, "grad_output", &g));
-	KI_TRY(kiln__i_ints(c, 1, "input_sizes", size, KI_MAXR, &n));
+	KI_TRY(placed(c, code, &g, &self, size, &n));
 	KI_TRY(kiln__i_int(c, 2, "dim", KI_REQ, &dim));
 	KI_TRY(kiln__i_int(c, 3, "index", KI_REQ, &index));
 	if (n < 1)
@@ -787,9 +811,10 @@ int kiln__op_select_bw(ictx_t *c, int code)
 	for (uint32_t k = 0, j = 0; k < (uint32_t)n; k++)
 		if (k != d)
 			gs[j++] = size[k];
-	KI_TRY(kiln__i_need_shape(c, g, "grad_output", (uint32_t)n - 1, gs));
+	KI_TRY(kiln__i_need_shape(c, g, code ? "src" : "grad_output",
+				  (uint32_t)n - 1, gs));
 	it_t *o = &c->out[0];
-	KI_TRY(kiln__i_alloc(c, o, g->dt, (uint32_t)n, size));
+	KI_TRY(placed_out(c, g, self, n, size, o));
 	it_t v = *g;
 	v.rank = (uint32_t)n;
 	for (uint32_t k = 0, j = 0; k < (uint32_t)n; k++) {
@@ -805,17 +830,16 @@ int kiln__op_select_bw(ictx_t *c, int code)
 /* slice_backward(grad, input_sizes, dim, start, end, step) */
 int kiln__op_slice_bw(ictx_t *c, int code)
 {
-	(void)code;
-	it_t *g;
+	it_t *g, *self;
 	int64_t size[KI_MAXR], dim, start, end, step;
 	int n;
 	uint32_t d;
-	KI_TRY(kiln__i_tensor(c, 0, "grad_output", &g));
-	KI_TRY(kiln__i_ints(c, 1, "input_sizes", size, KI_MAXR, &n));
-	KI_TRY(kiln__i_int(c, 2, "dim", KI_REQ, &dim));
-	KI_TRY(kiln__i_int(c, 3, "start", KI_REQ, &start));
-	KI_TRY(kiln__i_int(c, 4, "end", KI_REQ, &end));
-	KI_TRY(kiln__i_int(c, 5, "step", KI_REQ, &step));
+	KI_TRY(placed(c, code, &g, &self, size, &n));
+	/* slice_scatter's dim, start, end and step are optional */
+	KI_TRY(kiln__i_int(c, 2, "dim", code ? 0 : KI_REQ, &dim));
+	KI_TRY(kiln__i_int(c, 3, "start", code ? 0 : KI_REQ, &start));
+	KI_TRY(kiln__i_int(c, 4, "end", code ? INT64_MAX : KI_REQ, &end));
+	KI_TRY(kiln__i_int(c, 5, "step", code ? 1 : KI_REQ, &step));
 	if (n < 1)
 		return kiln__i_bad(c, "input_sizes must not be empty");
 	KI_TRY(kiln__i_check_numel(c, (uint32_t)n, size));
@@ -826,9 +850,10 @@ int kiln__op_slice_bw(ictx_t *c, int code)
 	int64_t gs[KI_MAXR];
 	memcpy(gs, size, sizeof(gs));
 	gs[d] = (end - start) / step + ((end - start) % step != 0);
-	KI_TRY(kiln__i_need_shape(c, g, "grad_output", (uint32_t)n, gs));
+	KI_TRY(kiln__i_need_shape(c, g, code ? "src" : "grad_output",
+				  (uint32_t)n, gs));
 	it_t *o = &c->out[0];
-	KI_TRY(kiln__i_alloc(c, o, g->dt, (uint32_t)n, size));
+	KI_TRY(placed_out(c, g, self, n, size, o));
 	it_t dst = *o;
 	dst.off += start * o->stride[d];
 	dst.stride[d] *= step;

@@ -402,7 +402,9 @@ int low_div_mode(cctx_t *c, lnode_t *n)
 	int rc = loperand(n, 0, "self", &ops[0]);
 	if (rc == 0)
 		rc = loperand(n, 1, "other", &ops[1]);
-	if (rc == 0)
+	if (rc == 0 && n->param == 1) /* floor_divide */
+		mode = "floor";
+	else if (rc == 0)
 		rc = lstr(n, 2, "rounding_mode", NULL, &mode);
 	if (rc != 0)
 		return rc;
@@ -574,8 +576,127 @@ int low_fill(cctx_t *c, lnode_t *n)
 		rc = loperand(n, 1, "value", &v);
 	if (rc != 0)
 		return rc;
+	if (v.t != NULL && v.t->rank != 0) /* fill.Tensor */
+		return lerr(n, KILN_EINVGRAPH,
+			    "the fill value must be a number or a 0-dim "
+			    "tensor");
 	const sx_t *b = lop_value(n, &v, x->rank, x->sizes, x->dtype);
 	return lset(n, 0, lt_fn(c, x->dtype, x->rank, x->sizes, b));
+}
+
+/* triu (param 0) and tril (1) (self, diagonal=0) over the last two dims:
+ * x where column - row >= diagonal (triu) or <= diagonal (tril), else 0 */
+int low_tri(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	int64_t dg;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lint(n, 1, "diagonal", 0, &dg);
+	if (rc != 0)
+		return rc;
+	if (x->rank < 2)
+		return lerr(n, KILN_EINVGRAPH,
+			    "triu and tril take 2 or more dims, not %u",
+			    x->rank);
+	uint32_t r = x->rank;
+	const sx_t *off = sx_bin(c, OP_SUB, sx_index(c, ix_var(c, r - 1)),
+				 sx_index(c, ix_var(c, r - 2)));
+	const sx_t *keep = sx_bin(c, n->param ? OP_LE : OP_GE, off,
+				  sx_consti(c, dg, KILN_DT_I64));
+	const sx_t *zero = kiln_dtype_is_float(x->dtype)
+			       ? sxf(c, 0, x->dtype)
+			       : sx_consti(c, 0, x->dtype);
+	return lset(n, 0,
+		    lt_fn(c, x->dtype, r, x->sizes,
+			  sx_where(c, keep, lt_body(c, x), zero)));
+}
+
+/* lerp.Scalar and lerp.Tensor (self, end, weight), floats of one dtype:
+ * torch's two-sided form, self + w·(end - self) where |w| < 0.5, else
+ * end - (end - self)·(1 - w) */
+int low_lerp(cctx_t *c, lnode_t *n)
+{
+	operand_t ops[3];
+	int rc = loperand(n, 0, "self", &ops[0]);
+	if (rc == 0)
+		rc = loperand(n, 1, "end", &ops[1]);
+	if (rc == 0)
+		rc = loperand(n, 2, "weight", &ops[2]);
+	if (rc != 0)
+		return rc;
+	if (ops[0].t == NULL || ops[1].t == NULL ||
+	    !kiln_dtype_is_float(ops[0].t->dtype) ||
+	    ops[1].t->dtype != ops[0].t->dtype)
+		return lerr(n, KILN_EINVGRAPH,
+			    "takes floating tensors of one dtype");
+	kiln_dtype_t dt = ops[0].t->dtype, cdt = compute_dtype(dt);
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lbroadcast(n, ops, 3, &rank, sizes);
+	if (rc != 0)
+		return rc;
+	const sx_t *a = lop_value(n, &ops[0], rank, sizes, cdt);
+	const sx_t *b = lop_value(n, &ops[1], rank, sizes, cdt);
+	const sx_t *w = lop_value(n, &ops[2], rank, sizes, cdt);
+	const sx_t *d = sx_bin(c, OP_SUB, b, a);
+	const sx_t *lo = sx_bin(c, OP_ADD, a, sx_bin(c, OP_MUL, w, d));
+	const sx_t *hi =
+	    sx_bin(c, OP_SUB, b,
+		   sx_bin(c, OP_MUL, d, sx_bin(c, OP_SUB, sxf(c, 1, cdt), w)));
+	const sx_t *small =
+	    sx_bin(c, OP_LT, sx_un(c, OP_ABS, w), sxf(c, 0.5, cdt));
+	return lset(n, 0,
+		    lt_fn(c, dt, rank, sizes, sx_where(c, small, lo, hi)));
+}
+
+/* addcmul (param 0) and addcdiv (1) (self, tensor1, tensor2, value=1):
+ * self + value · (tensor1 ∘ tensor2), broadcast, in the operands' result
+ * type (value joins it as a number); addcdiv of integers is refused, as
+ * torch refuses it. */
+int low_addcmul(cctx_t *c, lnode_t *n)
+{
+	operand_t ops[3];
+	int rc = loperand(n, 0, "self", &ops[0]);
+	if (rc == 0)
+		rc = loperand(n, 1, "tensor1", &ops[1]);
+	if (rc == 0)
+		rc = loperand(n, 2, "tensor2", &ops[2]);
+	if (rc != 0)
+		return rc;
+	const kiln_arg_t *va = larg(n, 3, "value");
+	double value = 1;
+	rc = lfloat(n, 3, "value", 1, &value);
+	if (rc != 0)
+		return rc;
+	rtype_t rt;
+	rt_init(&rt);
+	for (int i = 0; i < 3; i++)
+		rt_operand(&rt, &ops[i]);
+	if (va != NULL && va->kind != KILN_ARG_NIL)
+		rt_scalar(&rt, va);
+	kiln_dtype_t odt = out_dt(n, rt_result(&rt));
+	if (n->param == 1 && !kiln_dtype_is_float(odt))
+		return lerr(n, KILN_EINVGRAPH,
+			    "addcdiv of integer tensors is not supported "
+			    "(torch refuses it too)");
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	rc = lbroadcast(n, ops, 3, &rank, sizes);
+	if (rc != 0)
+		return rc;
+	kiln_dtype_t cdt = compute_dtype(odt);
+	const sx_t *a = lop_value(n, &ops[0], rank, sizes, cdt);
+	const sx_t *t1 = lop_value(n, &ops[1], rank, sizes, cdt);
+	const sx_t *t2 = lop_value(n, &ops[2], rank, sizes, cdt);
+	const sx_t *p = sx_bin(c, n->param ? OP_DIV : OP_MUL, t1, t2);
+	if (value != 1)
+		p = sx_bin(c, OP_MUL,
+			   kiln_dtype_is_float(cdt)
+			       ? sxf(c, value, cdt)
+			       : sx_consti(c, (int64_t)value, cdt),
+			   p);
+	return lset(n, 0, lt_fn(c, odt, rank, sizes, sx_bin(c, OP_ADD, a, p)));
 }
 
 /* Whether the stride list at argument pos is row-major for sizes (a dim

@@ -8,6 +8,7 @@
 #include "compiler/ops.h"
 
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 int ldims_mask(lnode_t *n, uint32_t pos, const char *name, uint32_t rank,
@@ -137,6 +138,59 @@ int low_reduce(cctx_t *c, lnode_t *n)
 	if (rc != 0)
 		return rc;
 	return lset(n, 0, r);
+}
+
+/* linalg_vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None),
+ * floats: over |x| in the result's compute dtype, sqrt(Σ x²) (ord 2),
+ * Σ |x| (1), max |x| (inf), min |x| (-inf), the count of non-zeros (0),
+ * else (Σ |x|^ord)^(1/ord) */
+int low_vector_norm(cctx_t *c, lnode_t *n)
+{
+	lt_t *x;
+	double ord;
+	uint32_t mask;
+	bool keepdim;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = lfloat(n, 1, "ord", 2, &ord);
+	if (rc == 0)
+		rc = ldims_mask(n, 2, "dim", x->rank, &mask);
+	if (rc == 0)
+		rc = lbool(n, 3, "keepdim", false, &keepdim);
+	if (rc != 0)
+		return rc;
+	if (!kiln_dtype_is_float(x->dtype))
+		return lerr(n, KILN_EINVGRAPH,
+			    "linalg_vector_norm takes floating tensors, not %s",
+			    kiln_dtype_name(x->dtype));
+	kiln_dtype_t odt = decl_dt(n, 0, x->dtype), acc = compute_dtype(odt);
+	if (isinf(ord))
+		for (uint32_t k = 0; k < x->rank; k++)
+			if ((mask >> k & 1) && dim_is(x->sizes[k], 0))
+				return lerr(n, KILN_EINVGRAPH,
+					    "max/min of an empty dimension");
+	const sx_t *a = sx_un(c, OP_ABS, sx_cast(c, lt_body(c, x), acc));
+	red_op_t op = RED_SUM;
+	if (isinf(ord))
+		op = ord > 0 ? RED_MAX : RED_MIN;
+	else if (ord == 0)
+		a = sx_cast(c, sx_bin(c, OP_NE, a, sxf(c, 0, acc)), acc);
+	else if (ord == 2)
+		a = sx_bin(c, OP_MUL, a, a);
+	else if (ord != 1)
+		a = sx_bin(c, OP_POW, a, sxf(c, ord, acc));
+	lt_t *t = lt_fn(c, acc, x->rank, x->sizes, a), *r;
+	if (t == NULL)
+		return -ENOMEM;
+	rc = lred(n, t, mask, keepdim, op, acc, &r);
+	if (rc != 0)
+		return rc;
+	const sx_t *v = lt_body(c, r);
+	if (ord == 2)
+		v = sx_un(c, OP_SQRT, v);
+	else if (!isinf(ord) && ord != 0 && ord != 1)
+		v = sx_bin(c, OP_POW, v, sxf(c, 1 / ord, acc));
+	return lset(n, 0, lt_fn(c, odt, r->rank, r->sizes, v));
 }
 
 int low_argred(cctx_t *c, lnode_t *n)

@@ -913,23 +913,71 @@ int low_repeat(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, x->dtype, rank, sizes, lt_at(c, x, map)));
 }
 
+/* select_backward / slice_backward (param 0: grad_output into zeros of
+ * input_sizes) and select_scatter / slice_scatter (1: src into self):
+ * g (the placed tensor), the result's rank, sizes and dtype, the base's
+ * body (zeros, or self's). dim and what follows are at 2.. in both. */
+static int placed(lnode_t *n, lt_t **g, uint32_t *rank, kiln_dim_t *sizes,
+		  kiln_dtype_t *dt, const sx_t **base)
+{
+	cctx_t *c = n->c;
+	if (n->param == 0) {
+		int rc = ltensor(n, 0, "grad_output", g);
+		if (rc == 0)
+			rc = lout_sizes(n, 0, rank, sizes, dt);
+		if (rc == 0)
+			*base = sxf(c, 0, *dt);
+		return rc;
+	}
+	lt_t *x;
+	int rc = ltensor(n, 0, "self", &x);
+	if (rc == 0)
+		rc = ltensor(n, 1, "src", g);
+	if (rc != 0)
+		return rc;
+	*rank = x->rank;
+	memcpy(sizes, x->sizes, x->rank * sizeof(*sizes));
+	*dt = x->dtype;
+	*base = lt_body(c, x);
+	return 0;
+}
+
+/* src (the placed tensor g) must have self's sizes but at dim ud (where a
+ * select has no dim) */
+static int placed_shape(lnode_t *n, const lt_t *g, uint32_t rank,
+			const kiln_dim_t *sizes, uint32_t ud, bool select)
+{
+	if (n->param == 0)
+		return 0;
+	bool ok = g->rank == (select ? rank - 1 : rank);
+	for (uint32_t k = 0, j = 0; ok && k < rank; k++) {
+		if (k == ud && select)
+			continue;
+		ok = k == ud || dim_eq(g->sizes[j], sizes[k]);
+		j++;
+	}
+	return ok ? 0
+		  : lerr(n, KILN_EINVGRAPH,
+			 "src must have self's shape but at dim %u", ud);
+}
+
 int low_select_backward(cctx_t *c, lnode_t *n)
 {
 	lt_t *g;
 	int64_t d;
-	int rc = ltensor(n, 0, "grad_output", &g);
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	kiln_dtype_t dt;
+	const sx_t *base;
+	int rc = placed(n, &g, &rank, sizes, &dt, &base);
 	if (rc == 0)
 		rc = lint(n, 2, "dim", 0, &d);
 	if (rc != 0)
 		return rc;
-	uint32_t rank;
-	kiln_dim_t sizes[CIR_MAX_RANK];
-	kiln_dtype_t dt;
-	rc = lout_sizes(n, 0, &rank, sizes, &dt);
-	if (rc != 0)
-		return rc;
 	uint32_t ud;
 	rc = ldim(n, d, rank, &ud);
+	if (rc == 0)
+		rc = placed_shape(n, g, rank, sizes, ud, true);
 	if (rc != 0)
 		return rc;
 	const kiln_expr_t *idx;
@@ -945,36 +993,38 @@ int low_select_backward(cctx_t *c, lnode_t *n)
 	const sx_t *hit =
 	    sx_bin(c, OP_EQ, sx_index(c, ix_var(c, ud)), sx_index(c, idx));
 	const sx_t *v = sx_guard(c, lt_at(c, g, map), hit);
-	return lset(
-	    n, 0,
-	    lt_fn(c, dt, rank, sizes, sx_where(c, hit, v, sxf(c, 0, dt))));
+	return lset(n, 0,
+		    lt_fn(c, dt, rank, sizes,
+			  sx_where(c, hit, sx_cast(c, v, dt), base)));
 }
 
 int low_slice_backward(cctx_t *c, lnode_t *n)
 {
 	lt_t *g;
 	int64_t d, step;
-	int rc = ltensor(n, 0, "grad_output", &g);
+	uint32_t rank;
+	kiln_dim_t sizes[CIR_MAX_RANK];
+	kiln_dtype_t dt;
+	const sx_t *base;
+	int rc = placed(n, &g, &rank, sizes, &dt, &base);
 	if (rc == 0)
 		rc = lint(n, 2, "dim", 0, &d);
 	if (rc == 0)
 		rc = lint(n, 5, "step", 1, &step);
 	if (rc != 0)
 		return rc;
-	uint32_t rank;
-	kiln_dim_t sizes[CIR_MAX_RANK];
-	kiln_dtype_t dt;
-	rc = lout_sizes(n, 0, &rank, sizes, &dt);
-	if (rc != 0)
-		return rc;
 	uint32_t ud;
 	rc = ldim(n, d, rank, &ud);
+	if (rc == 0)
+		rc = placed_shape(n, g, rank, sizes, ud, false);
 	if (rc != 0)
 		return rc;
 	if (step <= 0)
 		return lerr(n, KILN_EINVGRAPH, "step must be positive");
-	const kiln_expr_t *start;
-	rc = lsymint(n, larg(n, 3, "start"), &start);
+	const kiln_expr_t *start = ix_const(c, 0);
+	const kiln_arg_t *sa = larg(n, 3, "start");
+	if (sa != NULL && sa->kind != KILN_ARG_NIL) /* slice_scatter: None */
+		rc = lsymint(n, sa, &start);
 	if (rc != 0)
 		return rc;
 	if (start->kind == KILN_EX_CONST && start->c < 0)
@@ -997,9 +1047,9 @@ int low_slice_backward(cctx_t *c, lnode_t *n)
 			   sx_index(c, ix_mod(c, rel, ix_const(c, step))),
 			   sx_consti(c, 0, KILN_DT_I64)));
 	const sx_t *v = sx_guard(c, lt_at(c, g, map), hit);
-	return lset(
-	    n, 0,
-	    lt_fn(c, dt, rank, sizes, sx_where(c, hit, v, sxf(c, 0, dt))));
+	return lset(n, 0,
+		    lt_fn(c, dt, rank, sizes,
+			  sx_where(c, hit, sx_cast(c, v, dt), base)));
 }
 
 /* The (self, src) tensors of copy and as_strided_scatter. */

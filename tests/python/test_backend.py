@@ -460,6 +460,41 @@ def test_a_graph_networks_max_aggregation_is_scatter_kernels_and_trains_like_eag
     _no_fallback()
 
 
+class _NewOpsNet(nn.Module):
+    """ConvNeXt-V2's global response norm (linalg_vector_norm, addcmul),
+    Swin's shifted-window mask built by slice assignments (slice_scatter,
+    fill.Tensor), a causal triu and a lerp."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.gamma = nn.Parameter(torch.randn(8) * 0.1)
+        self.beta = nn.Parameter(torch.randn(8) * 0.1)
+
+    def forward(self, x):  # [2, 6, 6, 8]
+        gx = torch.norm(x, p=2, dim=(1, 2), keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        y = torch.addcmul(self.beta + x, self.gamma, x * nx)
+        mask = x.new_zeros(6, 6)
+        cnt = 0
+        for h in (slice(0, -3), slice(-3, None)):
+            for w in (slice(0, -2), slice(-2, None)):
+                mask[h, w] = cnt
+                cnt += 1
+        y = y + (mask + torch.triu(torch.ones_like(mask), 1))[None, :, :, None]
+        return self.lin(torch.lerp(y, x, 0.3))
+
+
+def test_norms_slice_assignments_triu_and_lerp_compile_without_torch_steps():
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    _train_like_eager(_NewOpsNet(), (_x(19, 2, 6, 6, 8),))
+    ops = [o for r in kb.records() for o in r["fallback_ops"]]
+    assert not ops, ops
+    _no_fallback()
+
+
 class _WeightNormNet(nn.Module):
     """wav2vec2's positional convolution in small (weight norm over the
     kernel's last dim, dim=2) and a weight-normed linear (dim=0)."""

@@ -218,7 +218,14 @@ static const pname_t op_files[] = {
     {"view"},
     {"where"},
     {"zeros"},
-    {"zeros_like"}};
+    {"zeros_like"},
+    {"addcdiv"},
+    {"addcmul"},
+    {"floor_divide"},
+    {"linalg_vector_norm"},
+    {"select_scatter"},
+    {"slice_scatter"},
+};
 #define N_OP_FILES (sizeof(op_files) / sizeof(op_files[0]))
 
 /* tests/data/graphs/<name>.{graph,io}.msgpack (capture_corpus.py) */

@@ -597,8 +597,7 @@ int low_tri(cctx_t *c, lnode_t *n)
 		return rc;
 	if (x->rank < 2)
 		return lerr(n, KILN_EINVGRAPH,
-			    "triu and tril take 2 or more dims, not %u",
-			    x->rank);
+			    "input must have at least 2 dims");
 	uint32_t r = x->rank;
 	const sx_t *off = sx_bin(c, OP_SUB, sx_index(c, ix_var(c, r - 1)),
 				 sx_index(c, ix_var(c, r - 2)));

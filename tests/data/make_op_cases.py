@@ -1570,6 +1570,31 @@ def bad_cases():
            [z23], "invalid_graph", "dim1: missing int argument")
     yield ("wrong_arg_kind", graph1([f23], [node("aten.unsqueeze.default", [R0, "x"], [f23])], [R1]),
            [z23], "invalid_graph", "dim: expected an int")
+    # the ops that were fallback steps, with arguments torch refuses
+    i23, i3, f3, f4x = spec("i64", [2, 3]), spec("i64", [3]), spec("f32", [3]), spec("f64", [3])
+    yield ("tri_rank1", graph1([f4], [node("aten.triu.default", [R0], [f4])], [R1]),
+           [z4], "invalid_graph", "input must have at least 2 dims")
+    yield ("fill_tensor_rank1",
+           graph1([f23, f3], [node("aten.fill.Tensor", [R0, R1], [f23])], [R2]),
+           [z23, zeros_entry("f32", [3])], "invalid_graph",
+           "the fill value must be a number or a 0-dim tensor")
+    yield ("lerp_dtype",
+           graph1([f3, f4x], [node("aten.lerp.Scalar", [R0, R1, 0.5], [f3])], [R2]),
+           [zeros_entry("f32", [3]), zeros_entry("f64", [3])], "invalid_graph",
+           "takes floating tensors of one dtype")
+    yield ("addcdiv_int",
+           graph1([i3, i3, i3], [node("aten.addcdiv.default", [R0, R1, R2], [i3])], [{"ref": 3}]),
+           [zeros_entry("i64", [3])] * 3, "invalid_graph",
+           "addcdiv of integer tensors is not supported")
+    yield ("vector_norm_int",
+           graph1([i3], [node("aten.linalg_vector_norm.default", [R0], [spec("i64", [])])], [R1]),
+           [zeros_entry("i64", [3])], "invalid_graph",
+           "linalg_vector_norm takes floating tensors, not i64")
+    yield ("slice_scatter_src_shape",
+           graph1([spec("f32", [3, 4]), spec("f32", [2, 4])],
+                  [node("aten.slice_scatter.default", [R0, R1, 1], [spec("f32", [3, 4])])], [R2]),
+           [zeros_entry("f32", [3, 4]), zeros_entry("f32", [2, 4])], "invalid_graph",
+           "src has shape [2,4], expected [3,4]")
     yield ("scatter_reduce_bad_reduce",
            graph1([f23, spec("i64", [2, 3]), f23],
                   [node("aten.scatter_reduce.two", [R0, 1, R1, R2, "max"], [f23])], [{"ref": 3}]),

@@ -5821,6 +5821,26 @@ Test(compile, scatter_reduce_bad_reduce)
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* The ops that were fallback steps, with arguments torch refuses
+ * (tests/data/bad/{tri_rank1, fill_tensor_rank1, lerp_dtype, addcdiv_int,
+ * vector_norm_int, slice_scatter_src_shape}): rejected as the interpreter
+ * rejects them. */
+Test(compile, newly_lowered_ops_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"tri_rank1", "input must have at least 2 dims"},
+	    {"fill_tensor_rank1",
+	     "the fill value must be a number or a 0-dim tensor"},
+	    {"lerp_dtype", "takes floating tensors of one dtype"},
+	    {"addcdiv_int", "addcdiv of integer tensors is not supported"},
+	    {"vector_norm_int",
+	     "linalg_vector_norm takes floating tensors, not i64"},
+	    {"slice_scatter_src_shape",
+	     "src must have self's shape but at dim 1"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
 /* A product whose weight is a transposed view (nn.Linear's t()) is
  * timed on inputs laid out as declared; a product whose result feeds
  * one other node keeps the heuristic (that node may become its

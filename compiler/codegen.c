@@ -4861,6 +4861,28 @@ static void scatter_cols(gen_t *g, uint32_t buf, LLVMTypeRef et, int w,
 	}
 }
 
+/* The row a scatter's index element at io names (as i64, counted from V
+ * where negative and n->scat_wrap), *ok whether it is in [0, V). */
+static LLVMValueRef scatter_row(gen_t *g, const cnode_t *n, LLVMTypeRef it,
+				LLVMValueRef ip, LLVMValueRef io,
+				LLVMValueRef V, LLVMValueRef *ok)
+{
+	LLVMValueRef v = LLVMBuildLoad2(
+	    g->b, it, LLVMBuildGEP2(g->b, it, ip, &io, 1, ""), "");
+	if (it != g->i64)
+		v = n->ga->dtype == KILN_DT_U8
+			? LLVMBuildZExt(g->b, v, g->i64, "")
+			: LLVMBuildSExt(g->b, v, g->i64, "");
+	if (n->scat_wrap)
+		v = LLVMBuildSelect(
+		    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, v, K64(g, 0), ""),
+		    LLVMBuildAdd(g->b, v, V, ""), v, "");
+	*ok = LLVMBuildAnd(g->b,
+			   LLVMBuildICmp(g->b, LLVMIntSGE, v, K64(g, 0), ""),
+			   LLVMBuildICmp(g->b, LLVMIntSLT, v, V, ""), "");
+	return v;
+}
+
 /* A scatter-add kernel (cnode_t.scatter): unit u owns the output columns
  * [u·cols, (u+1)·cols) of every row: it zeroes them, then for each source
  * position q in order adds the source row's columns into the row its
@@ -4979,20 +5001,7 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		loop_begin(g, &Dl, d0, d1, 1);
 		LLVMValueRef iod = LLVMBuildAdd(
 		    g->b, iok, LLVMBuildMul(g->b, Dl.i, ist[2], ""), "");
-		LLVMValueRef v = LLVMBuildLoad2(
-		    g->b, it, LLVMBuildGEP2(g->b, it, ip, &iod, 1, ""), "");
-		if (it != g->i64)
-			v = ix->dtype == KILN_DT_U8
-				? LLVMBuildZExt(g->b, v, g->i64, "")
-				: LLVMBuildSExt(g->b, v, g->i64, "");
-		if (n->scat_wrap)
-			v = LLVMBuildSelect(
-			    g->b,
-			    LLVMBuildICmp(g->b, LLVMIntSLT, v, K64(g, 0), ""),
-			    LLVMBuildAdd(g->b, v, V, ""), v, "");
-		LLVMValueRef ok = LLVMBuildAnd(
-		    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, v, K64(g, 0), ""),
-		    LLVMBuildICmp(g->b, LLVMIntSLT, v, V, ""), "");
+		LLVMValueRef ok, v = scatter_row(g, n, it, ip, iod, V, &ok);
 		LLVMBasicBlockRef put =
 		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "put");
 		LLVMBasicBlockRef skip =
@@ -5035,19 +5044,7 @@ static void gen_scatter_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		so = LLVMBuildAdd(g->b, so,
 				  LLVMBuildMul(g->b, Q[k].i, sst[k], ""), "");
 	}
-	LLVMValueRef v = LLVMBuildLoad2(
-	    g->b, it, LLVMBuildGEP2(g->b, it, ip, &io, 1, ""), "");
-	if (it != g->i64)
-		v = ix->dtype == KILN_DT_U8
-			? LLVMBuildZExt(g->b, v, g->i64, "")
-			: LLVMBuildSExt(g->b, v, g->i64, "");
-	if (n->scat_wrap)
-		v = LLVMBuildSelect(
-		    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, v, K64(g, 0), ""),
-		    LLVMBuildAdd(g->b, v, V, ""), v, "");
-	LLVMValueRef ok = LLVMBuildAnd(
-	    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, v, K64(g, 0), ""),
-	    LLVMBuildICmp(g->b, LLVMIntSLT, v, V, ""), "");
+	LLVMValueRef ok, v = scatter_row(g, n, it, ip, io, V, &ok);
 	if (pad != NULL)
 		ok = LLVMBuildAnd(
 		    g->b, ok, LLVMBuildICmp(g->b, LLVMIntNE, v, pad, ""), "");

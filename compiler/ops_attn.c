@@ -668,7 +668,11 @@ int low_native_mha(cctx_t *c, lnode_t *n)
 
 int low_encoder_layer(cctx_t *c, lnode_t *n)
 {
-	lt_t *src, *n1w, *n1b, *n2w, *n2b, *f1w, *f1b, *f2w, *f2b, *keep;
+	/* the layer norms' and the feed-forward's weights, at 10..17 */
+	static const char *const names[8] = {
+	    "norm_weight_1", "norm_bias_1", "norm_weight_2", "norm_bias_2",
+	    "ffn_weight_1",  "ffn_bias_1",  "ffn_weight_2",  "ffn_bias_2"};
+	lt_t *src, *w[8], *keep;
 	bool gelu, norm_first;
 	double eps;
 	mha_t m;
@@ -683,32 +687,17 @@ int low_encoder_layer(cctx_t *c, lnode_t *n)
 		rc = lbool(n, 8, "norm_first", false, &norm_first);
 	if (rc == 0)
 		rc = lfloat(n, 9, "eps", 1e-5, &eps);
-	if (rc == 0)
-		rc = ltensor(n, 10, "norm_weight_1", &n1w);
-	if (rc == 0)
-		rc = ltensor(n, 11, "norm_bias_1", &n1b);
-	if (rc == 0)
-		rc = ltensor(n, 12, "norm_weight_2", &n2w);
-	if (rc == 0)
-		rc = ltensor(n, 13, "norm_bias_2", &n2b);
-	if (rc == 0)
-		rc = ltensor(n, 14, "ffn_weight_1", &f1w);
-	if (rc == 0)
-		rc = ltensor(n, 15, "ffn_bias_1", &f1b);
-	if (rc == 0)
-		rc = ltensor(n, 16, "ffn_weight_2", &f2w);
-	if (rc == 0)
-		rc = ltensor(n, 17, "ffn_bias_2", &f2b);
+	for (uint32_t i = 0; rc == 0 && i < 8; i++)
+		rc = ltensor(n, 10 + i, names[i], &w[i]);
 	if (rc != 0)
 		return rc;
+	lt_t *n1w = w[0], *n1b = w[1], *n2w = w[2], *n2b = w[3], *f1w = w[4],
+	     *f1b = w[5], *f2w = w[6], *f2b = w[7];
 	m.B = src->sizes[0];
 	m.L = m.S = src->sizes[1];
 	kiln_dim_t e1[1] = {m.E};
-	const char *nm[4] = {"norm_weight_1", "norm_bias_1", "norm_weight_2",
-			     "norm_bias_2"};
-	lt_t *nv[4] = {n1w, n1b, n2w, n2b};
 	for (uint32_t i = 0; rc == 0 && i < 4; i++)
-		rc = need_dims(n, nv[i], nm[i], 1, e1, "embed_dim");
+		rc = need_dims(n, w[i], names[i], 1, e1, "embed_dim");
 	if (rc != 0)
 		return rc;
 	if (f1w->rank != 2)
@@ -723,10 +712,11 @@ int low_encoder_layer(cctx_t *c, lnode_t *n)
 		rc = need_dims(n, f2w, "ffn_weight_2", 2, fw2, "embed_dim, F");
 	if (rc == 0)
 		rc = need_dims(n, f2b, "ffn_bias_2", 1, e1, "embed_dim");
-	lt_t *all[12] = {m.qkv_w, m.qkv_b, m.proj_w, m.proj_b, n1w, n1b,
-			 n2w,	  n2b,	   f1w,	     f1b,      f2w, f2b};
+	lt_t *mw[4] = {m.qkv_w, m.qkv_b, m.proj_w, m.proj_b};
 	if (rc == 0)
-		rc = same_dtypes(n, all, 12, src->dtype);
+		rc = same_dtypes(n, mw, 4, src->dtype);
+	if (rc == 0)
+		rc = same_dtypes(n, w, 8, src->dtype);
 	if (rc == 0)
 		rc = mha_mask(n, 18, &m, &keep);
 	if (rc != 0)

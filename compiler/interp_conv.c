@@ -113,6 +113,14 @@ static int conv_geo(ictx_t *c, const it_t *x, const it_t *w, int base,
 		int64_t in = k < g->nsp ? x->size[2 + k] : 1;
 		int64_t ek = g->d[k] * (g->K[k] - 1) + 1;
 		if (*transposed) {
+			if (k < g->nsp && g->op[k] >= g->s[k] &&
+			    g->op[k] >= g->d[k])
+				return kiln__i_bad(
+				    c,
+				    "output_padding %lld must be smaller than "
+				    "the stride %lld or the dilation %lld",
+				    (long long)g->op[k], (long long)g->s[k],
+				    (long long)g->d[k]);
 			g->I[k] = in;
 			g->O[k] =
 			    (in - 1) * g->s[k] - 2 * g->p[k] + ek + g->op[k];

@@ -506,6 +506,10 @@ int lset(lnode_t *n, uint32_t k, lt_t *t)
 	cctx_t *c = n->c;
 	if (t == NULL)
 		return -ENOMEM;
+	if (n->capture != NULL) {
+		n->capture[k] = t;
+		return 0;
+	}
 	const kiln_value_t *v = lout(n, k);
 	if (v == NULL)
 		return lerr(n, KILN_EINVGRAPH,

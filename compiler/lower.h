@@ -12,6 +12,12 @@ struct lnode {
 	const kiln_node_t *n;
 	uint32_t index;
 	int param; /* from the op table: which variant of a shared lowering */
+	/* where set, lset puts output k in capture[k], unchecked, instead of
+	 * the graph's value: a lowering that runs another one's forms on
+	 * operands of its own (a transposed convolution is the input gradient
+	 * of a convolution, its backward a convolution and a weight gradient:
+	 * ops_conv.c) */
+	lt_t **capture;
 };
 
 /* Formats "node N (op): ..." into the context's error buffer. */

@@ -42,8 +42,12 @@
  *   grad_input  = Σ_{o in group, kh, kw} gO[n, o, oh, ow] · w[o, c - g·Cg, kh,
  * kw] with oh = (h + ph - kh·dh) / sh when exact and in range grad_weight =
  * Σ_{n,oh,ow} gO[n, o, oh, ow] · x[n, g·Cg + cg, ih, iw] as reductions over
- * virtual higher-rank tensors. Transposed convolution is not lowered (a
- * fallback step).
+ * virtual higher-rank tensors.
+ * Transposed (conv_transposed, conv_transposed_bw): the forward is the
+ * input gradient above with x as grad_output; its backward is a forward
+ * convolution (grad_input) and the weight gradient above with the roles of
+ * x and grad_output swapped. 3-d convolutions are not lowered (a fallback
+ * step).
  */
 #include "compiler/ops.h"
 
@@ -53,7 +57,9 @@
 typedef struct conv {
 	uint32_t nd; /* spatial dims: 1 or 2 */
 	int64_t s[2], p[2], d[2];
+	int64_t op[2]; /* output_padding (a transposed convolution's) */
 	int64_t groups;
+	bool transposed;
 } conv_t;
 
 static int conv_params(lnode_t *n, uint32_t first, uint32_t nd, conv_t *cv)
@@ -77,15 +83,22 @@ static int conv_params(lnode_t *n, uint32_t first, uint32_t nd, conv_t *cv)
 				return lerr(n, KILN_EINVGRAPH,
 					    "%s must be positive", names[i]);
 	}
-	bool transposed;
-	int rc = lbool(n, first + 3, "transposed", false, &transposed);
+	int rc = lbool(n, first + 3, "transposed", false, &cv->transposed);
 	if (rc == 0)
-		rc = lint(n, first + 5, "groups", 1, &cv->groups);
+		rc = lintlist(n, first + 4, "output_padding", v, &k, 4);
 	if (rc != 0)
 		return rc;
-	if (transposed)
-		return lerr(n, KILN_EUNSUPOP,
-			    "transposed convolution is not lowered");
+	for (uint32_t j = 0; j < nd; j++) {
+		cv->op[j] = k == 0   ? 0
+			    : k == 1 ? v[0]
+				     : (j < k ? v[j] : v[k - 1]);
+		if (cv->op[j] < 0)
+			return lerr(n, KILN_EINVGRAPH,
+				    "output_padding must not be negative");
+	}
+	rc = lint(n, first + 5, "groups", 1, &cv->groups);
+	if (rc != 0)
+		return rc;
 	if (cv->groups < 1)
 		return lerr(n, KILN_EINVGRAPH, "groups must be >= 1");
 	return 0;
@@ -811,28 +824,25 @@ static bool direct_ok(int64_t G, int64_t Cg, int64_t KH, int64_t KW,
 	       outputs <= 16384;
 }
 
-int low_convolution(cctx_t *c, lnode_t *n)
+/* A 1-d convolution's parameters moved to W, the dim it runs along once
+ * as2d has given it a unit H. */
+static void conv_as2d(conv_t *cv)
 {
-	lt_t *x0, *w0, *b;
-	int rc = ltensor(n, 0, "input", &x0);
-	if (rc == 0)
-		rc = ltensor(n, 1, "weight", &w0);
-	if (rc == 0)
-		rc = ltensor_opt(n, 2, "bias", &b);
-	if (rc != 0)
-		return rc;
-	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank)
-		return lerr(n, KILN_EUNSUPOP,
-			    "only 1-d and 2-d convolutions are lowered");
-	conv_t cv;
-	rc = conv_params(n, 3, x0->rank - 2, &cv);
-	if (rc != 0)
-		return rc;
+	if (cv->nd != 1)
+		return;
+	cv->s[1] = cv->s[0], cv->p[1] = cv->p[0], cv->d[1] = cv->d[0];
+	cv->op[1] = cv->op[0];
+	cv->s[0] = 1, cv->p[0] = 0, cv->d[0] = 1, cv->op[0] = 0;
+}
+
+/* The convolution of x0 by w0, plus b where given: output 0 of n (or
+ * capture[0], for a transposed convolution's backward). */
+static int conv_forward(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b, conv_t cv)
+{
+	cctx_t *c = n->c;
+	int rc;
 	lt_t *x = as2d(c, x0), *w = as2d(c, w0);
-	if (cv.nd == 1) {
-		cv.s[1] = cv.s[0], cv.p[1] = cv.p[0], cv.d[1] = cv.d[0];
-		cv.s[0] = 1, cv.p[0] = 0, cv.d[0] = 1;
-	}
+	conv_as2d(&cv);
 	for (int k = 0; k < 4; k++)
 		if (x->sizes[k].e != NULL || w->sizes[k].e != NULL)
 			return lerr(n, KILN_EUNSUPOP,
@@ -1017,6 +1027,31 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	if (cv.nd == 1)
 		y = lt_squeeze_dim(c, y, 2);
 	return lset(n, 0, y);
+}
+
+static int conv_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
+			   const conv_t *cv);
+
+int low_convolution(cctx_t *c, lnode_t *n)
+{
+	(void)c;
+	lt_t *x0, *w0, *b;
+	int rc = ltensor(n, 0, "input", &x0);
+	if (rc == 0)
+		rc = ltensor(n, 1, "weight", &w0);
+	if (rc == 0)
+		rc = ltensor_opt(n, 2, "bias", &b);
+	if (rc != 0)
+		return rc;
+	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank)
+		return lerr(n, KILN_EUNSUPOP,
+			    "only 1-d and 2-d convolutions are lowered");
+	conv_t cv;
+	rc = conv_params(n, 3, x0->rank - 2, &cv);
+	if (rc != 0)
+		return rc;
+	return cv.transposed ? conv_transposed(n, x0, w0, b, &cv)
+			     : conv_forward(n, x0, w0, b, cv);
 }
 
 /* Over a grad_input space whose vars vk[0..3] are the tap (kh, kw) and
@@ -1601,35 +1636,38 @@ static bool reads_channels_last(const lt_t *t)
 	return v.c > 0 && v.c >= v.w;
 }
 
-int low_convolution_backward(cctx_t *c, lnode_t *n)
+/* The sum of grad_output over all but its channels: grad_bias. */
+static int conv_grad_bias(lnode_t *n, lt_t *go, kiln_dtype_t acc, lt_t **gb)
 {
-	lt_t *go0, *x0, *w0;
-	int rc = ltensor(n, 0, "grad_output", &go0);
-	if (rc == 0)
-		rc = ltensor(n, 1, "input", &x0);
-	if (rc == 0)
-		rc = ltensor(n, 2, "weight", &w0);
-	if (rc != 0)
-		return rc;
-	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank ||
-	    go0->rank != x0->rank)
-		return lerr(n, KILN_EUNSUPOP,
-			    "only 1-d and 2-d convolutions are lowered");
-	conv_t cv;
-	rc = conv_params(n, 4, x0->rank - 2, &cv);
-	if (rc != 0)
-		return rc;
-	const kiln_arg_t *om = larg(n, 10, "output_mask");
-	bool mask[3] = {true, true, true};
-	if (om != NULL && om->kind == KILN_ARG_LIST && om->n == 3)
-		for (uint32_t i = 0; i < 3; i++)
-			mask[i] = om->u.list[i].kind == KILN_ARG_BOOL &&
-				  om->u.list[i].u.b;
-	lt_t *x = as2d(c, x0), *w = as2d(c, w0), *go = as2d(c, go0);
-	if (cv.nd == 1) {
-		cv.s[1] = cv.s[0], cv.p[1] = cv.p[0], cv.d[1] = cv.d[0];
-		cv.s[0] = 1, cv.p[0] = 0, cv.d[0] = 1;
+	cctx_t *c = n->c;
+	lt_t *g = go->dtype == acc ? go
+				   : lt_fn(c, acc, go->rank, go->sizes,
+					   sx_cast(c, lt_body(c, go), acc));
+	if (g == NULL)
+		return -ENOMEM;
+	if (go->rank == 4 && reads_channels_last(g)) {
+		/* over [N, H, W, C]: the channels are the row kernel's
+		 * vectors, the reads contiguous along them */
+		static const uint32_t nhwc[4] = {0, 2, 3, 1};
+		lt_t *p = lt_permute(c, g, nhwc);
+		return p ? lred(n, p, 7u, false, RED_SUM, acc, gb) : -ENOMEM;
 	}
+	uint32_t rmask = 1u;
+	for (uint32_t k = 2; k < go->rank; k++)
+		rmask |= 1u << k;
+	return lred(n, g, rmask, false, RED_SUM, acc, gb);
+}
+
+/* The backward of the convolution of x0 by w0 given grad_output go0: the
+ * gradients mask asks for, as outputs 0-2 of n (or in capture). */
+static int conv_backward(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0, conv_t cv,
+			 const bool *want)
+{
+	cctx_t *c = n->c;
+	int rc;
+	bool mask[3] = {want[0], want[1], want[2]};
+	lt_t *x = as2d(c, x0), *w = as2d(c, w0), *go = as2d(c, go0);
+	conv_as2d(&cv);
 	for (int k = 0; k < 4; k++)
 		if (x->sizes[k].e || w->sizes[k].e || go->sizes[k].e)
 			return lerr(n, KILN_EUNSUPOP,
@@ -1771,27 +1809,189 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 	}
 	if (mask[2] && n->n->n_out > 2) {
 		lt_t *gb;
-		lt_t *g = go->dtype == acc
-			      ? go
-			      : lt_fn(c, acc, 4, go->sizes,
-				      sx_cast(c, lt_body(c, go), acc));
-		if (g == NULL)
-			return -ENOMEM;
-		if (reads_channels_last(g)) {
-			/* over [N, H, W, C]: the channels are the row
-			 * kernel's vectors, the reads contiguous along them */
-			static const uint32_t nhwc[4] = {0, 2, 3, 1};
-			lt_t *p = lt_permute(c, g, nhwc);
-			rc = p ? lred(n, p, 7u, false, RED_SUM, acc, &gb)
-			       : -ENOMEM;
-		} else {
-			rc = lred(n, g, 1u | (1u << 2) | (1u << 3), false,
-				  RED_SUM, acc, &gb);
-		}
+		rc = conv_grad_bias(n, go, acc, &gb);
 		if (rc == 0)
 			rc = lset(n, 2, gb);
 		if (rc != 0)
 			return rc;
 	}
 	return 0;
+}
+
+static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
+			      const conv_t *cv, const bool *mask);
+
+int low_convolution_backward(cctx_t *c, lnode_t *n)
+{
+	(void)c;
+	lt_t *go0, *x0, *w0;
+	int rc = ltensor(n, 0, "grad_output", &go0);
+	if (rc == 0)
+		rc = ltensor(n, 1, "input", &x0);
+	if (rc == 0)
+		rc = ltensor(n, 2, "weight", &w0);
+	if (rc != 0)
+		return rc;
+	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank ||
+	    go0->rank != x0->rank)
+		return lerr(n, KILN_EUNSUPOP,
+			    "only 1-d and 2-d convolutions are lowered");
+	conv_t cv;
+	rc = conv_params(n, 4, x0->rank - 2, &cv);
+	if (rc != 0)
+		return rc;
+	const kiln_arg_t *om = larg(n, 10, "output_mask");
+	bool mask[3] = {true, true, true};
+	if (om != NULL && om->kind == KILN_ARG_LIST && om->n == 3)
+		for (uint32_t i = 0; i < 3; i++)
+			mask[i] = om->u.list[i].kind == KILN_ARG_BOOL &&
+				  om->u.list[i].u.b;
+	return cv.transposed ? conv_transposed_bw(n, go0, x0, w0, &cv, mask)
+			     : conv_backward(n, go0, x0, w0, cv, mask);
+}
+
+/* A transposed convolution's checks and output sizes: x0 [N, Ci, (H,) W]
+ * and w0 [Ci, Co/G, (KH,) KW] give ys [N, Co, (OH,) OW], OH = (H - 1)·sh -
+ * 2·ph + dh·(KH - 1) + output_padding + 1. */
+static int tconv_shape(lnode_t *n, const lt_t *x0, const lt_t *w0,
+		       const conv_t *cv, kiln_dim_t *ys)
+{
+	for (uint32_t k = 0; k < x0->rank; k++)
+		if (x0->sizes[k].e != NULL || w0->sizes[k].e != NULL)
+			return lerr(n, KILN_EUNSUPOP,
+				    "symbolic convolution shapes are not "
+				    "lowered");
+	int64_t Ci = x0->sizes[1].c, G = cv->groups;
+	if (w0->sizes[0].c != Ci || Ci % G != 0)
+		return lerr(n, KILN_EINVGRAPH,
+			    "transposed: weight's dim 0 must equal the input "
+			    "channels (weight [%lld, %lld, ..], %lld channels "
+			    "in %lld groups)",
+			    (long long)w0->sizes[0].c,
+			    (long long)w0->sizes[1].c, (long long)Ci,
+			    (long long)G);
+	ys[0] = x0->sizes[0];
+	ys[1] = dim_const(w0->sizes[1].c * G);
+	for (uint32_t j = 0; j < cv->nd; j++) {
+		int64_t s = cv->s[j], d = cv->d[j], op = cv->op[j];
+		if (op >= s && op >= d)
+			return lerr(n, KILN_EINVGRAPH,
+				    "output_padding %lld must be smaller than "
+				    "the stride %lld or the dilation %lld",
+				    (long long)op, (long long)s, (long long)d);
+		int64_t o = (x0->sizes[2 + j].c - 1) * s - 2 * cv->p[j] +
+			    d * (w0->sizes[2 + j].c - 1) + op + 1;
+		if (o <= 0)
+			return lerr(n, KILN_EINVGRAPH,
+				    "transposed: padding %lld leaves no output",
+				    (long long)cv->p[j]);
+		ys[2 + j] = dim_const(o);
+	}
+	return 0;
+}
+
+/* A transposed convolution is the input gradient of the convolution whose
+ * weight w0 is, taken with x0 as that convolution's grad_output: y[n] =
+ * col2im(Wᵀ @ x[n]) in conv_backward's forms (products through BLAS, a
+ * product per group, the col2im by phases where the strides divide the
+ * output; the direct sum where there is no BLAS or a depthwise one), then
+ * the bias. The convolution's input is a stand-in of y's sizes, which
+ * grad_input alone never reads. */
+static int conv_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
+			   const conv_t *cv)
+{
+	cctx_t *c = n->c;
+	kiln_dim_t ys[4];
+	int rc = tconv_shape(n, x0, w0, cv, ys);
+	if (rc != 0)
+		return rc;
+	if (b != NULL && (b->rank != 1 || !dim_eq(b->sizes[0], ys[1])))
+		return lerr(n, KILN_EINVGRAPH,
+			    "bias must have one element per output channel "
+			    "(%lld)",
+			    (long long)ys[1].c);
+	lt_t *shape = lt_fn(c, x0->dtype, x0->rank, ys, sxf(c, 0, x0->dtype));
+	if (shape == NULL)
+		return -ENOMEM;
+	lt_t *cap[3] = {NULL, NULL, NULL};
+	static const bool mask[3] = {true, false, false};
+	n->capture = cap;
+	rc = conv_backward(n, x0, shape, w0, *cv, mask);
+	n->capture = NULL;
+	if (rc == 0 && cap[0] == NULL)
+		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+	if (rc != 0)
+		return rc;
+	lt_t *y = cap[0];
+	if (b != NULL) {
+		const kiln_expr_t *bi[1] = {IV(1)};
+		y = lt_fn(c, y->dtype, y->rank, y->sizes,
+			  sx_bin(c, OP_ADD, lt_body(c, y),
+				 sx_cast(c, lt_at(c, b, bi), y->dtype)));
+	}
+	return lset(n, 0, y);
+}
+
+/* The backward of y = a transposed convolution of x0 by w0: grad_input is
+ * the convolution of grad_output by w0 (w0 [Ci, Co/G, ..] is that
+ * convolution's weight: conv_forward's forms), grad_weight that
+ * convolution's weight gradient with grad_output as its input and x0 as
+ * its grad_output (conv_backward's), grad_bias grad_output's sum. */
+static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
+			      const conv_t *cv, const bool *mask)
+{
+	cctx_t *c = n->c;
+	kiln_dim_t ys[4];
+	int rc = tconv_shape(n, x0, w0, cv, ys);
+	if (rc != 0)
+		return rc;
+	for (uint32_t k = 0; k < go0->rank; k++)
+		if (!dim_eq(go0->sizes[k], ys[k]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "grad_output, input and weight shapes "
+				    "disagree");
+	lt_t *cap[3] = {NULL, NULL, NULL};
+	if (mask[0]) {
+		n->capture = cap;
+		rc = conv_forward(n, go0, w0, NULL, *cv);
+		n->capture = NULL;
+		if (rc == 0 && cap[0] == NULL)
+			rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+		if (rc != 0)
+			return rc;
+		/* an output_padding of the stride or more (below the
+		 * dilation) gives the convolution positions past the input:
+		 * the first ones are grad_input */
+		lt_t *gi = cap[0];
+		for (uint32_t k = 2; gi != NULL && k < x0->rank; k++)
+			if (gi->sizes[k].c > x0->sizes[k].c)
+				gi = lt_slice(c, gi, k, IC(0),
+					      IC(x0->sizes[k].c), 1);
+		rc = lset(n, 0, gi);
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[1] && n->n->n_out > 1) {
+		static const bool wmask[3] = {false, true, false};
+		n->capture = cap;
+		rc = conv_backward(n, x0, go0, w0, *cv, wmask);
+		n->capture = NULL;
+		if (rc == 0)
+			rc = cap[1] != NULL ? lset(n, 1, cap[1])
+					    : lerr(n, KILN_EUNSUPOP,
+						   "no form for this shape");
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[2] && n->n->n_out > 2) {
+		const kiln_value_t *v = lout(n, 2);
+		kiln_dtype_t acc = compute_dtype(
+		    v != NULL && v->kind == KILN_VAL_TENSOR ? v->dtype
+							    : go0->dtype);
+		lt_t *gb;
+		rc = conv_grad_bias(n, go0, acc, &gb);
+		if (rc == 0)
+			rc = lset(n, 2, gb);
+	}
+	return rc;
 }

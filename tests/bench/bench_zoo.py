@@ -82,6 +82,63 @@ def _lstm():
     return L(), (lambda f: f(x))
 
 
+def _dcgan():
+    """DCGAN's generator (Radford et al.): a 64-d code up to a 32x32 image by
+    transposed convolutions, 4x4 at stride 2, batch_norm and relu between."""
+    import torch
+    nn = torch.nn
+
+    def up(i, o, s=2, p=1):
+        return [nn.ConvTranspose2d(i, o, 4, s, p, bias=False), nn.BatchNorm2d(o), nn.ReLU()]
+    m = nn.Sequential(*up(64, 256, 1, 0), *up(256, 128), *up(128, 64),
+                      nn.ConvTranspose2d(64, 3, 4, 2, 1), nn.Tanh())
+    z = torch.randn(8, 64, 1, 1)
+    return m, (lambda f: f(z))
+
+
+def _unet():
+    """A small U-Net (Ronneberger et al.): two 3x3 convolutions a level,
+    max pooling down, 2x2 stride-2 transposed convolutions up, the skip
+    connections concatenated."""
+    import torch
+    nn = torch.nn
+
+    def block(i, o):
+        return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(),
+                             nn.Conv2d(o, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+
+    class U(nn.Module):
+        def __init__(self, ch=(16, 32, 64)):
+            super().__init__()
+            self.down = nn.ModuleList()
+            c = 3
+            for o in ch:
+                self.down.append(block(c, o))
+                c = o
+            self.mid = block(ch[-1], ch[-1] * 2)
+            self.up = nn.ModuleList()
+            self.dec = nn.ModuleList()
+            c = ch[-1] * 2
+            for o in reversed(ch):
+                self.up.append(nn.ConvTranspose2d(c, o, 2, 2))
+                self.dec.append(block(2 * o, o))
+                c = o
+            self.out = nn.Conv2d(c, 2, 1)
+
+        def forward(self, x):
+            skips = []
+            for d in self.down:
+                x = d(x)
+                skips.append(x)
+                x = torch.nn.functional.max_pool2d(x, 2)
+            x = self.mid(x)
+            for u, d, s in zip(self.up, self.dec, reversed(skips)):
+                x = d(torch.cat([u(x), s], 1))
+            return self.out(x)
+    x = torch.randn(2, 3, 64, 64)
+    return U(), (lambda f: f(x))
+
+
 def models():
     import torch
     r = {
@@ -148,6 +205,8 @@ def models():
                                    num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                    intermediate_size=128, image_size=64, patch_size=8),
         "lstm": _lstm,
+        "dcgan": _dcgan,
+        "unet": _unet,
     }
     return r
 

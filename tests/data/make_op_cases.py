@@ -1044,6 +1044,37 @@ def build_nn():
     case(op, "1d", lambda g, x, w: cb(g, x, w, [5], [2], [1], [1], False, [0], 1, [True, True, True]), U(2, 5, 5), U(2, 3, 9), U(5, 3, 3))
     case(op, "transposed", lambda g, x, w: cb(g, x, w, [2], [2, 2], [1, 1], [1, 1], True, [1, 0], 1, [True, True, True]),
          U(1, 2, 8, 5), U(1, 3, 4, 3), U(3, 2, 3, 3))
+    # transposed convolutions (ops_conv.c conv_transposed): the input
+    # gradient of the convolution their weight is; their backward a
+    # convolution and that convolution's weight gradient. A 4x4 stride-2
+    # upsampling (a GAN's, col2im by phases), grouped and dilated, 1-d,
+    # depthwise, a 2x2 stride-2 in f64 (U-Net's), an output_padding past the
+    # stride (below the dilation), a 1x1
+    tconv_cases = [
+        ("gemm_s2", U(2, 16, 8, 8), U(16, 8, 4, 4), U(8), [2, 2], [1, 1], [1, 1], [0, 0], 1),
+        ("groups_dil", U(1, 4, 5, 6), U(4, 3, 3, 3), U(6), [2, 1], [1, 0], [2, 1], [1, 0], 2),
+        ("1d", U(2, 6, 9), U(6, 4, 5), U(4), [3], [2], [1], [1], 1),
+        ("depthwise", U(1, 4, 5, 5), U(4, 1, 3, 3), None, [2, 2], [1, 1], [1, 1], [1, 1], 4),
+        ("f64_2x2", U(2, 8, 5, 5, dt=f64), U(8, 4, 2, 2, dt=f64), U(4, dt=f64), [2, 2], [0, 0], [1, 1], [0, 0], 1),
+        ("op_dil", U(1, 2, 4, 4), U(2, 3, 3, 3), None, [1, 1], [1, 1], [2, 2], [1, 1], 1),
+        ("1x1", U(2, 8, 4, 4), U(8, 6, 1, 1), U(6), [1, 1], [0, 0], [1, 1], [0, 0], 1),
+    ]
+    for name, x, w, b, st, pd, dl, op_, gr in tconv_cases:
+        if b is None:
+            case("convolution", f"transposed_{name}",
+                 lambda x, w, st=st, pd=pd, dl=dl, op_=op_, gr=gr: conv(x, w, None, st, pd, dl, True, op_, gr), x, w,
+                 min_atol=1e-5)
+        else:
+            case("convolution", f"transposed_{name}",
+                 lambda x, w, b, st=st, pd=pd, dl=dl, op_=op_, gr=gr: conv(x, w, b, st, pd, dl, True, op_, gr), x, w, b,
+                 min_atol=1e-5)
+        y = conv(x, w, None, st, pd, dl, True, op_, gr)
+        masks = {"1d": [True, True, False], "op_dil": [True, False, False], "f64_2x2": [False, True, True]}
+        mk = masks.get(name, [True, True, True])
+        g = U(*y.shape, dt=y.dtype)
+        case("convolution_backward", f"transposed_{name}",
+             lambda g, x, w, st=st, pd=pd, dl=dl, op_=op_, gr=gr, mk=mk, nb=w.shape[1] * gr:
+             cb(g, x, w, [nb], st, pd, dl, True, op_, gr, mk), g, x, w, min_atol=1e-5)
     # im2col + GEMM (C·KH·KW > 32): one image; a batch of small images in
     # the columns of one product (read back through a permuted view, here
     # into a relu epilogue); the same in f64
@@ -1556,6 +1587,19 @@ def bad_cases():
                                    [node("aten.convolution.default", [R0, R1, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1],
                                          [spec("f32", [1, 3, 4, 4])])], [{"ref": 2}]),
            [zeros_entry("f32", [1, 2, 4, 4]), zeros_entry("f32", [3, 3, 1, 1])], "invalid_graph", "do not fit groups")
+    # a transposed convolution's weight is [C_in, C_out / groups, ..]; its
+    # output_padding must be below the stride or the dilation (torch's rule)
+    yield ("tconv_channels", graph1([spec("f32", [1, 2, 4, 4]), spec("f32", [3, 3, 1, 1])],
+                                    [node("aten.convolution.default", [R0, R1, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1],
+                                          [spec("f32", [1, 3, 4, 4])])], [{"ref": 2}]),
+           [zeros_entry("f32", [1, 2, 4, 4]), zeros_entry("f32", [3, 3, 1, 1])], "invalid_graph",
+           "weight's dim 0 must equal the input channels")
+    yield ("tconv_output_padding", graph1([spec("f32", [1, 2, 4, 4]), spec("f32", [2, 3, 3, 3])],
+                                          [node("aten.convolution.default",
+                                                [R0, R1, None, [2, 2], [1, 1], [1, 1], True, [2, 0], 1],
+                                                [spec("f32", [1, 3, 9, 7])])], [{"ref": 2}]),
+           [zeros_entry("f32", [1, 2, 4, 4]), zeros_entry("f32", [2, 3, 3, 3])], "invalid_graph",
+           "output_padding 2 must be smaller than the stride 2 or the dilation 1")
     yield ("gelu_approx", graph1([f23], [node("aten.gelu.default", [R0], [f23], {"approximate": "erf"})], [R1]),
            [z23], "invalid_graph", "approximate")
     yield ("embedding_range", graph1([spec("f32", [4, 2]), spec("i64", [1])],

@@ -219,8 +219,6 @@ Test(compile, op_cases, .timeout = 900)
 	    "native_dropout/eval", /* the torch backend rewrites dropout */
 	    "native_dropout/p0",
 	    "native_dropout/p1",
-	    "convolution/transposed", /* transposed convolutions */
-	    "convolution_backward/transposed",
 	    "scatter_reduce/mean_i64", /* integer scatter_reduce */
 	};
 	kiln_compiler_t *kc = new_compiler();
@@ -5959,5 +5957,117 @@ Test(conv, tiled_scratch_stays_within_its_bound)
 	free(rep);
 	kiln_graph_free(g);
 	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
+/* A transposed convolution whose weight's dim 0 is not the input's
+ * channels, or whose output_padding is not below its stride or dilation
+ * (tests/data/bad/tconv_*): rejected as the interpreter rejects them. */
+Test(compile, transposed_convolution_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"tconv_channels", "weight's dim 0 must equal the input channels"},
+	    {"tconv_output_padding",
+	     "output_padding 2 must be smaller than the stride 2 or the "
+	     "dilation 1"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
+/* y = conv_transpose2d(x, w, b) and its backward (convolution_backward
+ * with transposed true, grad_output gy, every gradient asked for) in one
+ * graph: outputs y, grad_input, grad_weight, grad_bias. */
+static kiln_graph_t *tconv_graph(const char *dt, const int64_t *x4,
+				 const int64_t *w4, const int64_t *st,
+				 const int64_t *pd, const int64_t *op,
+				 int64_t G)
+{
+	int64_t Co = w4[1] * G, y4[4] = {x4[0], Co, 0, 0};
+	for (int k = 0; k < 2; k++)
+		y4[2 + k] =
+		    (x4[2 + k] - 1) * st[k] - 2 * pd[k] + w4[2 + k] + op[k];
+	const int64_t b1[1] = {Co}, one2[2] = {1, 1};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 4);
+	spec4(&b, dt, x4);
+	spec4(&b, dt, w4);
+	specn(&b, dt, b1, 1);
+	spec4(&b, dt, y4);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.convolution.default", 9); /* value 4 */
+	ref(&b, 0);
+	ref(&b, 1);
+	ref(&b, 2);
+	ints2(&b, st);
+	ints2(&b, pd);
+	ints2(&b, one2);
+	msgpack_pack_true(&b.pk);
+	ints2(&b, op);
+	msgpack_pack_int64(&b.pk, G);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec4(&b, dt, y4);
+	node_head(&b, "aten.convolution_backward.default", 11); /* 5, 6, 7 */
+	ref(&b, 3);
+	ref(&b, 0);
+	ref(&b, 1);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, Co);
+	ints2(&b, st);
+	ints2(&b, pd);
+	ints2(&b, one2);
+	msgpack_pack_true(&b.pk);
+	ints2(&b, op);
+	msgpack_pack_int64(&b.pk, G);
+	msgpack_pack_array(&b.pk, 3);
+	for (int k = 0; k < 3; k++)
+		msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	spec4(&b, dt, x4);
+	spec4(&b, dt, w4);
+	specn(&b, dt, b1, 1);
+	return end_graph(&b, 4, 4, "transposed convolution");
+}
+
+/* Transposed convolutions, forward and backward, are kernels (no fallback
+ * step): the forward is the input gradient of the convolution of its
+ * weight, a product Wᵀ @ x through BLAS and a col2im (by the output's
+ * phases where the stride divides it), the bias added after; the backward
+ * a convolution (grad_input) and that convolution's weight gradient (x as
+ * its grad_output). Against the interpreter: a GAN generator's 4x4
+ * stride-2 upsampling, a U-Net's 2x2 stride 2 in f64, one in 2 groups with
+ * an output_padding (no phases: the stride does not divide the output). */
+Test(lowering, transposed_convolutions_are_kernels, .timeout = 300)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		const char *dt;
+		int64_t x4[4], w4[4], st[2], pd[2], op[2], G;
+	} cases[] = {
+	    {"f32", {2, 64, 8, 8}, {64, 32, 4, 4}, {2, 2}, {1, 1}, {0, 0}, 1},
+	    {"f64", {2, 32, 6, 6}, {32, 16, 2, 2}, {2, 2}, {0, 0}, {0, 0}, 1},
+	    {"f32", {2, 32, 7, 5}, {32, 12, 3, 3}, {2, 2}, {1, 1}, {1, 0}, 2},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char what[96];
+		snprintf(what, sizeof(what),
+			 "%s [%lld, %lld, %lld, %lld] k%lld", cases[i].dt,
+			 (long long)cases[i].x4[0], (long long)cases[i].x4[1],
+			 (long long)cases[i].x4[2], (long long)cases[i].x4[3],
+			 (long long)cases[i].w4[2]);
+		kiln_graph_t *g = tconv_graph(
+		    cases[i].dt, cases[i].x4, cases[i].w4, cases[i].st,
+		    cases[i].pd, cases[i].op, cases[i].G);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "fallback", false, what);
+		expect_report_has(kc, g, "BLAS", true, what);
+		bool f64 = strcmp(cases[i].dt, "f64") == 0;
+		expect_matches_interp(kc, g, "default", 31 + i,
+				      f64 ? 1e-12 : 1e-4, what);
+		kiln_graph_free(g);
+	}
 	kiln_compiler_free(kc);
 }

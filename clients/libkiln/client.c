@@ -930,15 +930,24 @@ static void cache_store(kiln_client_t *c, const uint8_t *k1, const uint8_t *k2,
 }
 
 /* A copy of the cached artifact for key into out ("local"); false when it
- * is not cached (or out of memory). */
+ * is not cached (or out of memory). exact: only one whose
+ * own signature is key (not a generalized artifact kilnd served for the
+ * static graph key signs: a compile with dynamic 0 asks for the static
+ * graph's own artifact). */
 static bool cache_get(kiln_client_t *c, const uint8_t key[KILN_SIG_BYTES],
-		      kiln_result_t *out)
+		      bool exact, kiln_result_t *out)
 {
 	if (!c->cache_on)
 		return false;
 	centry_t *e = cache_find(c, key);
 	if (e == NULL)
 		return false;
+	if (exact) {
+		char hex[KILN_SIG_HEX];
+		kiln_sig_to_hex(key, hex);
+		if (strcmp(hex, e->blob->sig) != 0)
+			return false;
+	}
 	uint8_t *p = malloc(e->blob->len > 0 ? e->blob->len : 1);
 	if (p == NULL)
 		return false;
@@ -1157,7 +1166,7 @@ int kiln_client_compile(kiln_client_t *c, const kiln_graph_t *g,
 		kiln__errf(err, errlen, rc, "cannot sign the graph");
 		goto out;
 	}
-	if (cache_get(c, sig, out))
+	if (cache_get(c, sig, dynamic == 0, out))
 		goto out;
 	char hex[KILN_SIG_HEX];
 	kiln_sig_to_hex(sig, hex);
@@ -1280,7 +1289,7 @@ int kiln_client_lookup(kiln_client_t *c, const char *sig_hex,
 	kiln_sig_to_hex(sig, hex);
 	pthread_mutex_lock(&c->mu);
 	int rc = 0;
-	if (!cache_get(c, sig, out)) {
+	if (!cache_get(c, sig, false, out)) {
 		rc = do_lookup(c, hex, now_ms() + c->timeout_ms, out, err,
 			       errlen);
 		if (rc == 0)

@@ -352,6 +352,118 @@ def test_changing_sequence_length_recompiles_once(daemons):
     assert kb.stats()["fallback"] == 0
 
 
+def _small_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+
+def test_a_smaller_batch_keeps_its_convolutions_in_kernels(daemons):
+    """A smaller last batch makes Dynamo's graph symbolic in the batch, and
+    kiln does not lower a convolution at symbolic sizes (a torch step each).
+    The backend runs each new batch size's static instance instead (a
+    compile each, at most 8 a graph), and the symbolic artifact nowhere."""
+    import kiln.backend as kb
+    d = daemons.start("spec")
+    daemons.use(d)
+    model = _small_cnn().eval()
+    m = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        for b in (8, 5, 3, 5):
+            x = torch.randn(b, 3, 12, 12)
+            torch.testing.assert_close(m(x), model(x), rtol=1e-4, atol=1e-5)
+    recs = kb.records()
+    assert len(recs) == 2, [(r["kind"], r["source"]) for r in recs]
+    assert not recs[0]["fallback_ops"]
+    # the symbolic graph leaves its two convolutions to torch: sizes 5 and 3
+    # ran their static instances
+    assert recs[1]["fallback_ops"].count("aten.convolution.default") == 2
+    assert recs[1]["specialized"] == 2, recs[1]
+    assert kb.stats()["specialized"] == 2
+    assert _compiled(d) == 4  # batch 8, the symbolic graph, batches 5 and 3
+
+
+def test_a_smaller_batch_trains_through_static_instances(daemons):
+    """The same in training: the forward and the backward graph each run
+    their static instance at the new batch size; losses and parameters as
+    eager's."""
+    import kiln.backend as kb
+    d = daemons.start("spec_train")
+    daemons.use(d)
+    model, ref = _small_cnn().train(), _small_cnn().train()
+    m = torch.compile(model, backend="kiln")
+    optk = torch.optim.SGD(model.parameters(), lr=0.05)
+    opte = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for b in (8, 5, 5):
+        x = torch.randn(b, 3, 12, 12)
+        for f, opt in ((m, optk), (ref, opte)):
+            opt.zero_grad()
+            loss = f(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            if f is m:
+                lk = loss.item()
+        assert abs(lk - loss.item()) <= 1e-4 * max(1.0, abs(loss.item()))
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    sym = [r for r in kb.records() if r.get("specialized")]
+    assert sorted(r["kind"] for r in sym) == ["backward", "forward"], kb.records()
+    assert kb.stats()["specialized"] == 2
+
+
+def test_kilnd_generalizing_a_static_graph_is_not_a_step_back(daemons):
+    """A second process (here: Dynamo reset) compiling the same CNN at
+    another batch sends a static graph; kilnd generalizes it (its second
+    size set), and the generalized artifact leaves the convolutions to
+    torch. The backend then asks for the static graph's own artifact."""
+    import kiln.backend as kb
+    d = daemons.start("spec_gen")
+    daemons.use(d)
+    model = _small_cnn().eval()
+    with torch.no_grad():
+        for b in (8, 5):
+            torch._dynamo.reset()
+            kb.reset()
+            m = torch.compile(model, backend="kiln")
+            x = torch.randn(b, 3, 12, 12)
+            torch.testing.assert_close(m(x), model(x), rtol=1e-4, atol=1e-5)
+    (rec,) = kb.records()
+    assert rec["specialized"] == 1 and rec["fallback_ops"] == [], rec
+    assert d.stats()["dynamic"]["compiles"] == 1
+
+
+def test_a_graph_with_torch_steps_at_every_size_is_not_specialized(daemons, monkeypatch):
+    """topk is never lowered: the static instance leaves it to torch too,
+    so the backend compiles that one instance and then keeps the symbolic
+    artifact (no compile per size). KILN_SPECIALIZE=0 skips even that."""
+    import kiln.backend as kb
+    d = daemons.start("spec_topk")
+    daemons.use(d)
+
+    def f(x):
+        return torch.topk(x * 2, 3).values + 1
+    m = torch.compile(f, backend="kiln")
+    for n in (6, 7, 9, 11):
+        x = torch.randn(n, 10)
+        torch.testing.assert_close(m(x), f(x))
+    recs = kb.records()
+    assert len(recs) == 2
+    assert "leaves 1 steps to torch too" in recs[1]["specialized_why"], recs[1]
+    assert not recs[1].get("specialized")
+    assert _compiled(d) == 3  # n = 6, the symbolic graph, its instance at 7
+    torch._dynamo.reset()
+    kb.reset()
+    monkeypatch.setenv("KILN_SPECIALIZE", "0")
+    model = _small_cnn().eval()
+    m = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        for b in (8, 5):
+            x = torch.randn(b, 3, 12, 12)
+            torch.testing.assert_close(m(x), model(x), rtol=1e-4, atol=1e-5)
+    assert kb.stats()["specialized"] == 0
+
+
 def test_dynamic_false_compiles_every_length(daemons):
     import kiln.backend as kb
     d = daemons.start("static")

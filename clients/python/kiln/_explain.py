@@ -301,6 +301,8 @@ def graph_info(e, index):
         "compile_ms": rec.get("compile_ms", 0.0) if source in MISS_SOURCES else 0.0,
         "load_ms": rec.get("load_ms", 0.0), "wall_ms": e.get("wall_ms", 0.0),
         "fallback_ms": e.get("fallback_ms", 0.0), "in_dynamo": e.get("in_dynamo", True),
+        "specialized": rec.get("specialized") or 0,
+        "specialized_why": rec.get("specialized_why"),
     }
 
 
@@ -413,6 +415,12 @@ class Report:
                 out.append(_wrap(f"  fallback ops ({len(fb)}, run through torch): ",
                                  ", ".join(f"{op} x{n}" if n > 1 else op
                                            for op, n in c.items())))
+            if g.get("specialized"):
+                out.append(_wrap("  static instances: ",
+                                 f"{g['specialized']} (the sizes met so far run their own "
+                                 "static artifact, not these symbolic steps)"))
+            elif g.get("specialized_why"):
+                out.append(_wrap("  no static instances: ", g["specialized_why"]))
             else:
                 out.append("  fallback ops: none")
         by = t["by_source"]

@@ -45,7 +45,7 @@ import torch
 
 from . import ops as _ops  # noqa: F401  (registers torch.ops.kiln.dropout)
 from .export import ExportError, dumps, export_graph
-from .runtime import Client, KilnError, Module
+from .runtime import Client, KilnError, Module, eval_expr
 
 __all__ = ["kiln", "kiln_local", "compile_bytes", "compile_graph", "KilnWarning", "records",
            "stats", "reset"]
@@ -54,7 +54,7 @@ log = logging.getLogger("kiln")
 
 MODES = {None: "default", "default": "default", "reduce-overhead": "reduce-overhead",
          "max-autotune": "max-autotune", "max-autotune-no-cudagraphs": "max-autotune"}
-OPTIONS = {"strict", "fallback", "socket", "priority", "aot_cache"}
+OPTIONS = {"strict", "fallback", "socket", "priority", "aot_cache", "specialize"}
 # error codes meaning "kiln cannot take this graph" vs "kilnd is not there"
 _GRAPH_CODES = {"unsupported_op", "invalid_graph", "compile_failed", "too_large"}
 
@@ -77,7 +77,8 @@ class _State:
         self.warned = set()
         self.down_until = 0.0  # after a failed connect: do not retry before this
         self.counts = {"graphs": 0, "compiled": 0, "memory": 0, "disk": 0, "remote": 0,
-                       "joined": 0, "local": 0, "process": 0, "fallback": 0, "aot_cache": 0}
+                       "joined": 0, "local": 0, "process": 0, "fallback": 0, "aot_cache": 0,
+                       "specialized": 0}
 
 
 _state = _State()
@@ -178,6 +179,8 @@ class _Settings:
         self.priority = _setting(options, "priority", "KILN_PRIORITY", None)
         aot_cache = _setting(options, "aot_cache", "KILN_AOT_CACHE", True)
         self.aot_cache = aot_cache not in (False, 0, "0", "", "false", "no")
+        spec = _setting(options, "specialize", "KILN_SPECIALIZE", True)
+        self.specialize = spec not in (False, 0, "0", "", "false", "no")
         self.dynamic = None
 
 
@@ -390,10 +393,173 @@ def _load(data, none_outputs, seeded, settings, kind, rec, graph=None):
     info = {"signature": sig, "kernels": kernels, "fallback_ops": fb,
             "compile_ms": cms, "steps": len(steps)}
     rec.update(info, source=source, rpc_ms=(t2 - t1) * 1e3, load_ms=(t3 - t2) * 1e3)
+    if fb and mod._sym_names and settings.dynamic is None and settings.specialize:
+        mod = _specialized(mod, data, graph, none_outputs, seeded, settings, rec)
+        if not isinstance(mod, _Specializing) and rec.get("specialized"):
+            info.update(kernels=rec["kernels"], fallback_ops=rec["fallback_ops"])
     with _state.lock:
         _state.counts[source if source in _state.counts else "compiled"] += 1
         _state.modules[key] = (mod, info)
     return mod
+
+
+def _n_fallback(mod):
+    return sum(1 for s in mod._steps if s.get("kind") == "fallback")
+
+
+def _specialized(mod, data, graph, none_outputs, seeded, settings, rec):
+    """For an artifact with symbols and torch steps (see _Specializing):
+    where the graph sent was static (kilnd generalized it, from a second
+    static graph of its structure), the static graph's own artifact if it
+    leaves fewer steps to torch; where the graph has symbols (Dynamo's), a
+    _Specializing around mod; else mod."""
+    if graph is None:
+        import msgpack
+        graph = msgpack.unpackb(data, raw=False)
+    if graph.get("symbols"):
+        return _Specializing.make(mod, graph, none_outputs, seeded, settings, rec) or mod
+    try:
+        st = settings
+        art, _sig, _src, _cms = _client(st.socket).compile(data, st.mode, False, st.priority)
+        m = Module(art, none_outputs)
+    except KilnError as e:
+        rec["specialized_why"] = f"the static graph: {e}"
+        return mod
+    if _n_fallback(m) >= _n_fallback(mod):
+        rec["specialized_why"] = "the static graph leaves as many steps to torch"
+        return mod
+    m._kiln_seeded = seeded
+    m._kiln_data = data
+    rec["specialized"] = 1
+    rec["fallback_ops"] = [s.get("op") for s in m._steps if s.get("kind") == "fallback"]
+    rec["kernels"] = [k.get("name") for k in m._kernels]
+    with _state.lock:
+        _state.counts["specialized"] += 1
+    return m
+
+
+def _instance(graph, env):
+    """The static graph that the symbolic graph is at symbol values env:
+    every size, stride and symbolic argument evaluated (libkiln's
+    evaluator), an int input {"sym": e} kept as an input of its value."""
+    def dim(d):
+        return d if isinstance(d, int) else eval_expr(d, env)
+
+    def spec(sp):
+        if "sym" in sp:
+            return {"sym": str(eval_expr(sp["sym"], env))}
+        out = dict(sp, shape=[dim(d) for d in sp["shape"]])
+        if "strides" in sp:
+            out["strides"] = [dim(d) for d in sp["strides"]]
+        return out
+
+    def arg(a):
+        if isinstance(a, dict):
+            return eval_expr(a["sym"], env) if "sym" in a else a
+        if isinstance(a, list):
+            return [arg(x) for x in a]
+        return a
+    g = {k: v for k, v in graph.items() if k != "symbols"}
+    g["inputs"] = [spec(i) for i in graph["inputs"]]
+    g["nodes"] = [dict(n, args=[arg(a) for a in n.get("args", [])],
+                       kwargs={k: arg(v) for k, v in (n.get("kwargs") or {}).items()},
+                       out=[spec(o) for o in n.get("out", [])])
+                  for n in graph["nodes"]]
+    g["outputs"] = [spec(o) if "sym" in o else o for o in graph["outputs"]]
+    return g
+
+
+class _Specializing:
+    """A graph with symbols whose artifact leaves steps to torch that the
+    same graph at static sizes may not (a lowering that declines symbolic
+    sizes: every convolution, after Dynamo's automatic dynamic shapes made
+    the batch a symbol at a smaller last batch; or kilnd's generalization of
+    a second static graph). Each call binds the symbols from its inputs'
+    sizes; the first call at a new set of sizes compiles the static
+    instance (kilnd, dynamic false: shared with every process) and later
+    ones at those sizes run it. At most LIMIT instances a graph, then the
+    symbolic artifact; and none at all once an instance leaves as many
+    torch steps as the symbolic artifact (the steps are torch's either way:
+    one artifact saves the compiles). Every other attribute is the
+    symbolic module's."""
+
+    LIMIT = 8
+
+    def __init__(self, generic, graph, binders, none_outputs, seeded, settings, rec):
+        self.generic = generic
+        self.graph = graph
+        self.binders = binders  # (symbol, input index, dim or None: an int input)
+        self.none_outputs = none_outputs
+        self.seeded = seeded
+        self.settings = settings
+        self.rec = rec
+        self.n_fb = _n_fallback(generic)
+        self.instances = {}  # the symbols' values -> Module
+        self.off = False
+        self.lock = threading.Lock()
+
+    @classmethod
+    def make(cls, generic, graph, none_outputs, seeded, settings, rec):
+        names = set(generic._sym_names)
+        binders, seen = [], set()
+        for i, sp in enumerate(graph.get("inputs", [])):
+            if "sym" in sp:
+                if sp["sym"] in names and sp["sym"] not in seen:
+                    binders.append((sp["sym"], i, None))
+                    seen.add(sp["sym"])
+                continue
+            for d, e in enumerate(sp.get("shape", [])):
+                if isinstance(e, str) and e in names and e not in seen:
+                    binders.append((e, i, d))
+                    seen.add(e)
+        if seen != names:
+            return None  # a symbol no input size binds alone: keep the one artifact
+        return cls(generic, graph, binders, none_outputs, seeded, settings, rec)
+
+    def __getattr__(self, name):
+        return getattr(self.generic, name)
+
+    def __call__(self, *args):
+        if self.off:
+            return self.generic(*args)
+        key = tuple(args[i].shape[d] if d is not None else int(args[i])
+                    for _, i, d in self.binders)
+        m = self.instances.get(key)
+        if m is None:
+            m = self._specialize(key)
+        return m(*args)
+
+    def _specialize(self, key):
+        with self.lock:
+            m = self.instances.get(key)
+            if m is not None:
+                return m
+            if self.off or len(self.instances) >= self.LIMIT:
+                return self.generic
+            env = {name: v for (name, _, _), v in zip(self.binders, key)}
+            st = self.settings
+            try:
+                data = dumps(_instance(self.graph, env))
+                art, _sig, _src, _cms = _client(st.socket).compile(data, st.mode, False,
+                                                                   st.priority)
+                m = Module(art, self.none_outputs)
+            except (KilnError, ExportError, ValueError, TypeError, KeyError) as e:
+                self.off = True
+                self.rec["specialized_why"] = f"static instance at {env}: {e}"
+                log.info("kiln: %s", self.rec["specialized_why"])
+                return self.generic
+            fb = _n_fallback(m)
+            if fb >= self.n_fb:
+                self.off = True
+                self.rec["specialized_why"] = (f"the static instance at {env} leaves {fb} "
+                                               f"steps to torch too")
+                return self.generic
+            m._kiln_seeded = self.seeded
+            self.instances[key] = m
+            self.rec["specialized"] = len(self.instances)
+            with _state.lock:
+                _state.counts["specialized"] += 1
+            return m
 
 
 def _aten_compiler(settings, kind, cached):

@@ -328,7 +328,7 @@ Test(client, cache_bound)
 
 /* dynamic: 1 makes the daemon answer with a generalized artifact, whose
  * signature is not the one computed here: the cache keeps it under
- * both. */
+ * both. A later compile with dynamic: 0 gets the static graph's own. */
 Test(client, dynamic_signature)
 {
 	char sock[256], store[256], err[512] = "";
@@ -376,6 +376,23 @@ Test(client, dynamic_signature)
 	cr_assert_str_eq(r2.source, "memory");
 	cr_assert_str_eq(r2.signature, r.signature);
 	kiln_result_free(&r2);
+
+	/* dynamic: 0 asks for the static graph's own artifact: the
+	 * generalized one cached under its signature is not a hit, kilnd
+	 * compiles the static graph, and the cache keeps that under it. */
+	kiln_result_t r3;
+	rc = kiln_client_compile(c, g, NULL, NULL, 0, NULL, &r3, err,
+				 sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_str_eq(r3.source, "compiled");
+	cr_assert_str_eq(r3.signature, local);
+	kiln_result_free(&r3);
+	rc = kiln_client_compile(c, g, NULL, NULL, -1, NULL, &r3, err,
+				 sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_str_eq(r3.source, "local");
+	cr_assert_str_eq(r3.signature, local);
+	kiln_result_free(&r3);
 	kiln_result_free(&r);
 	kiln_graph_free(g);
 	kiln_client_free(c2);

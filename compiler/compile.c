@@ -781,6 +781,50 @@ static int build_artifact(cctx_t *c, cpu_target_t *t, lt_t **outs,
 
 /* ---- the pipeline -------------------------------------------------------- */
 
+/* Whether a size of value v is symbolic. */
+static bool value_symbolic(const kiln_graph_t *g, uint32_t v)
+{
+	const kiln_value_t *x = &g->values[v];
+	if (x->kind != KILN_VAL_TENSOR)
+		return false;
+	for (uint32_t k = 0; k < x->rank; k++)
+		if (x->sizes[k].e != NULL)
+			return true;
+	return false;
+}
+
+static bool arg_symbolic(const kiln_graph_t *g, const kiln_arg_t *a)
+{
+	if (a->kind == KILN_ARG_REF)
+		return value_symbolic(g, a->u.ref);
+	if (a->kind == KILN_ARG_SYM)
+		return true;
+	if (a->kind == KILN_ARG_LIST)
+		for (uint32_t i = 0; i < a->n; i++)
+			if (arg_symbolic(g, &a->u.list[i]))
+				return true;
+	return false;
+}
+
+/* Whether graph node ni reads or makes a tensor of a symbolic size, or
+ * takes a symbolic argument. */
+static bool node_symbolic(const kiln_graph_t *g, int32_t ni)
+{
+	if (ni < 0 || g->n_symbols == 0)
+		return false;
+	const kiln_node_t *nd = &g->nodes[ni];
+	for (uint32_t i = 0; i < nd->n_args; i++)
+		if (arg_symbolic(g, &nd->args[i]))
+			return true;
+	for (uint32_t i = 0; i < nd->n_kwargs; i++)
+		if (arg_symbolic(g, &nd->kwargs[i].val))
+			return true;
+	for (uint32_t k = 0; k < nd->n_out; k++)
+		if (value_symbolic(g, nd->out_first + k))
+			return true;
+	return false;
+}
+
 static int front(cctx_t *c, lt_t **outs, kiln_compile_stats_t *st)
 {
 	double t0 = kiln__now_ms();
@@ -925,9 +969,13 @@ int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
 		return rc;
 	}
 	for (uint32_t i = 0; i < c.n_kernels; i++) {
-		if (c.kernels[i].is_fallback)
+		if (c.kernels[i].is_fallback) {
+			const cnode_t *n =
+			    &c.nodes[c.kernels[i].members[0].node];
 			st->n_fallbacks++;
-		else if (!c.kernels[i].is_epilogue)
+			if (n->fb_why != NULL && node_symbolic(g, n->node))
+				st->n_sym_fallbacks++;
+		} else if (!c.kernels[i].is_epilogue)
 			st->n_kernels++;
 		else
 			st->n_epilogues++;

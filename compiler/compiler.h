@@ -84,6 +84,10 @@ typedef struct kiln_compile_stats {
 	double lower_ms, sched_ms, codegen_ms, opt_ms, emit_ms, link_ms,
 	    total_ms;
 	uint32_t n_kernels, n_fallbacks;
+	/* of the fallbacks, ops kiln lowers that declined at a node with a
+	 * symbolic size (every convolution does): the graph at static sizes
+	 * may compile them (kilnd refuses such a generalization) */
+	uint32_t n_sym_fallbacks;
 	uint32_t n_epilogues; /* kernels run by a product kernel (not steps) */
 	uint32_t n_shared;    /* bodies not emitted: an earlier one's IR was
 				 the same (repeated layers; codegen.c) */

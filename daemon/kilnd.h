@@ -165,6 +165,10 @@ struct kilnd_job {
 	uint8_t dyn_h[KILN_SIG_BYTES]; /* ... whose structure hash is this */
 	kiln_graph_t *fallback; /* ... and the static graph to compile if it
 				   fails */
+	/* ... refused (failed, so the static graph compiles) when it leaves
+	 * an op kiln lowers to torch at a symbolic size: automatic dynamic
+	 * shapes, not dynamic: true (set before the job is queued) */
+	bool dyn_strict;
 	uint8_t fallback_sig[KILN_SIG_BYTES];
 	kilnd_waiter_t *waiters;
 	kilnd_job_t *hnext; /* in-flight table chain */
@@ -203,7 +207,7 @@ int kilnd_pool_new(const kilnd_pool_opts_t *o, kilnd_counters_t *workers_ctr,
 int kilnd_child_compile(kilnd_child_t *ch, const kiln_graph_t *g,
 			const kiln_compile_opts_t *opts, const char *sig_hex,
 			uint8_t **art, size_t *len, double *compile_ms,
-			char *err, size_t errlen);
+			uint32_t *sym_fallbacks, char *err, size_t errlen);
 /* Worker processes alive now. */
 uint32_t kilnd_pool_alive(kilnd_pool_t *p);
 /* Queues a job; KILN_EBUSY when the queue is full, KILN_ESHUTDOWN when

@@ -246,6 +246,7 @@ compile:
 	kiln_graph_free(e->seen);
 	e->seen = NULL;
 	e->state = KILND_DYN_GENERALIZING;
+	e->eager = eager;
 	char hex[KILN_SIG_HEX];
 	kiln_sig_to_hex(e->gsig, hex);
 	KILN_LOG(KILN_LOG_INFO,

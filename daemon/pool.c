@@ -291,10 +291,11 @@ static int child_start(kilnd_child_t *ch, char *err, size_t errlen)
 int kilnd_child_compile(kilnd_child_t *ch, const kiln_graph_t *g,
 			const kiln_compile_opts_t *opts, const char *sig_hex,
 			uint8_t **art, size_t *len, double *compile_ms,
-			char *err, size_t errlen)
+			uint32_t *sym_fallbacks, char *err, size_t errlen)
 {
 	*art = NULL;
 	*len = 0;
+	*sym_fallbacks = 0;
 	int rc;
 	if (ch->pid <= 0 && (rc = child_start(ch, err, errlen)) < 0)
 		return rc;
@@ -352,6 +353,10 @@ int kilnd_child_compile(kilnd_child_t *ch, const kiln_graph_t *g,
 		const msgpack_object *ok = kiln_map_get(&m, "ok");
 		const msgpack_object *a = kiln_map_get(&m, "artifact");
 		const msgpack_object *ms = kiln_map_get(&m, "compile_ms");
+		const msgpack_object *sf = kiln_map_get(&m, "sym_fallbacks");
+		if (sf != NULL && sf->type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+		    sf->via.u64 <= UINT32_MAX)
+			*sym_fallbacks = (uint32_t)sf->via.u64;
 		if (ok != NULL && ok->type == MSGPACK_OBJECT_BOOLEAN &&
 		    ok->via.boolean && a != NULL &&
 		    a->type == MSGPACK_OBJECT_BIN) {

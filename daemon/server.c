@@ -709,12 +709,25 @@ void kilnd_job_run(kilnd_child_t *ch, kilnd_counters_t *ctr, kilnd_job_t *job)
 	uint8_t *bytes = NULL;
 	size_t len = 0;
 	double ms = 0;
-	int rc =
-	    kilnd_child_compile(ch, job->graph, &job->opts, job->sig_hex,
-				&bytes, &len, &ms, job->err, sizeof(job->err));
+	uint32_t symfb = 0;
+	int rc = kilnd_child_compile(ch, job->graph, &job->opts, job->sig_hex,
+				     &bytes, &len, &ms, &symfb, job->err,
+				     sizeof(job->err));
 	if (rc < 0) {
 		job->rc = rc;
 		KILND_COUNT(ctr, failed);
+		return;
+	}
+	if (job->dyn_strict && symfb > 0) {
+		/* a generalization that costs kernels: not stored, and its
+		 * waiters get the static graph (done_async_cb) */
+		free(bytes);
+		KILND_COUNT(ctr, compiled);
+		job->rc = KILN_EUNSUPOP;
+		snprintf(job->err, sizeof(job->err),
+			 "the generalized graph leaves %u ops to torch that "
+			 "kiln compiles at static sizes",
+			 symfb);
 		return;
 	}
 	job->compile_ms = ms;
@@ -868,6 +881,7 @@ void kilnd_serve(kilnd_server_t *s, kilnd_conn_t *c, uint64_t id,
 	j->dyn = dyn;
 	if (dyn != NULL)
 		memcpy(j->dyn_h, dyn->h, KILN_SIG_BYTES);
+	j->dyn_strict = dyn != NULL && fallback != NULL && !dyn->eager;
 	j->fallback = fallback;
 	if (fallback_sig != NULL)
 		memcpy(j->fallback_sig, fallback_sig, KILN_SIG_BYTES);

@@ -41,6 +41,7 @@ typedef struct kilnd_dyn {
 	kiln_graph_t *gg; /* GENERALIZING / GENERAL */
 	uint8_t gsig[KILN_SIG_BYTES];
 	uint64_t used;
+	bool eager; /* generalized at once (dynamic: true), not automatic */
 } kilnd_dyn_t;
 
 #define KILND_DYN_MAX 256

@@ -151,11 +151,13 @@ static int compile_one(kiln_compiler_t *cc, const uint8_t *body, size_t len,
 	msgpack_packer pk;
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	kiln_frame_begin(&sb);
-	msgpack_pack_map(&pk, 3);
+	msgpack_pack_map(&pk, 4);
 	kiln_pack_cstr(&pk, "ok");
 	msgpack_pack_true(&pk);
 	kiln_pack_cstr(&pk, "compile_ms");
 	msgpack_pack_double(&pk, st.total_ms);
+	kiln_pack_cstr(&pk, "sym_fallbacks");
+	msgpack_pack_uint32(&pk, st.n_sym_fallbacks);
 	kiln_pack_cstr(&pk, "artifact");
 	msgpack_pack_bin(&pk, ab.size);
 	msgpack_pack_bin_body(&pk, ab.data, ab.size);

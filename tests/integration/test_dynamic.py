@@ -43,9 +43,10 @@ def dyn_kilnd():
         assert proc.wait(timeout=60) == 0
 
 
-def capture(batch, seed=0):
-    """The forward graph of a small MLP at one batch size, with the inputs
-    (parameters and the batch) it was captured with and torch's outputs."""
+def capture(batch, seed=0, cnn=False):
+    """The forward graph of a small MLP (or CNN) at one batch size, with the
+    inputs (parameters and the batch) it was captured with and torch's
+    outputs."""
     from torch._dynamo.backends.common import aot_autograd
     from kiln.export import dumps, export_graph
     torch._dynamo.reset()
@@ -61,11 +62,16 @@ def capture(batch, seed=0):
         return run
 
     torch.manual_seed(seed)
-    m = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(),
-                            torch.nn.LayerNorm(48), torch.nn.Linear(48, 8))
+    nn = torch.nn
+    if cnn:
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),
+                          nn.Flatten(), nn.Linear(8 * 4 * 4, 4))
+        x = torch.randn(batch, 3, 10, 10)
+    else:
+        m = nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.LayerNorm(48), nn.Linear(48, 8))
+        x = torch.randn(batch, 32)
     cm = torch.compile(m, backend=aot_autograd(fw_compiler=fw), dynamic=False,
                        fullgraph=True)
-    x = torch.randn(batch, 32)
     with torch.no_grad():
         want = cm(x)
     graph, inputs = got[0], real[0]
@@ -112,6 +118,29 @@ def test_second_size_generalizes_and_serves_later_sizes(dyn_kilnd):
         st = c.status()["stats"]
         assert st["dynamic"]["hits"] == 3
         assert st["compiled"] == 2
+
+
+def test_a_generalization_that_costs_kernels_is_refused(dyn_kilnd):
+    """kiln lowers a convolution at static sizes only: the CNN's graph
+    generalized in the batch would run both convolutions in torch. kilnd
+    refuses it (not stored), answers with the static graph's artifact, and
+    compiles every later batch as it is."""
+    from tests.integration.pyclient import Client
+    with Client(dyn_kilnd) as c:
+        for k, b in enumerate((8, 16, 24)):
+            g, inputs, want = capture(b, cnn=True)
+            r = c.compile(g)
+            assert r["source"] == "compiled", b
+            a = msgpack.unpackb(r["artifact"], raw=False)
+            assert not a.get("symbols"), b
+            assert [s for s in a["steps"] if s["kind"] == "fallback"] == [], b
+            check_outputs(run_artifact(r["artifact"], inputs), want)
+        st = c.status()["stats"]
+        assert st["dynamic"]["compiles"] == 0
+        assert st["dynamic"]["refused"] == 1
+        assert st["compiled"] == 4  # three static graphs and the refused one
+        sigs = {e["signature"] for e in c.call("list", limit=10)["entries"]}
+        assert len(sigs) == 3
 
 
 def test_dynamic_false_never_generalizes(dyn_kilnd):

@@ -412,11 +412,12 @@ def test_a_smaller_batch_trains_through_static_instances(daemons):
     assert kb.stats()["specialized"] == 2
 
 
-def test_kilnd_generalizing_a_static_graph_is_not_a_step_back(daemons):
+def test_kilnd_refuses_a_generalization_that_costs_kernels(daemons):
     """A second process (here: Dynamo reset) compiling the same CNN at
     another batch sends a static graph; kilnd generalizes it (its second
-    size set), and the generalized artifact leaves the convolutions to
-    torch. The backend then asks for the static graph's own artifact."""
+    size set), but the generalized graph leaves the convolutions to torch:
+    kilnd refuses it (not stored) and answers with the static graph's
+    artifact, and the structure stays static."""
     import kiln.backend as kb
     d = daemons.start("spec_gen")
     daemons.use(d)
@@ -429,8 +430,10 @@ def test_kilnd_generalizing_a_static_graph_is_not_a_step_back(daemons):
             x = torch.randn(b, 3, 12, 12)
             torch.testing.assert_close(m(x), model(x), rtol=1e-4, atol=1e-5)
     (rec,) = kb.records()
-    assert rec["specialized"] == 1 and rec["fallback_ops"] == [], rec
-    assert d.stats()["dynamic"]["compiles"] == 1
+    assert rec["fallback_ops"] == [] and not rec.get("specialized"), rec
+    st = d.stats()
+    assert st["dynamic"]["compiles"] == 0 and st["dynamic"]["refused"] == 1, st["dynamic"]
+    assert st["compiled"] == 3  # batch 8, the refused generalization, batch 5
 
 
 def test_a_graph_with_torch_steps_at_every_size_is_not_specialized(daemons, monkeypatch):

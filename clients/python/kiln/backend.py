@@ -395,8 +395,6 @@ def _load(data, none_outputs, seeded, settings, kind, rec, graph=None):
     rec.update(info, source=source, rpc_ms=(t2 - t1) * 1e3, load_ms=(t3 - t2) * 1e3)
     if fb and mod._sym_names and settings.dynamic is None and settings.specialize:
         mod = _specialized(mod, data, graph, none_outputs, seeded, settings, rec)
-        if not isinstance(mod, _Specializing) and rec.get("specialized"):
-            info.update(kernels=rec["kernels"], fallback_ops=rec["fallback_ops"])
     with _state.lock:
         _state.counts[source if source in _state.counts else "compiled"] += 1
         _state.modules[key] = (mod, info)
@@ -408,34 +406,16 @@ def _n_fallback(mod):
 
 
 def _specialized(mod, data, graph, none_outputs, seeded, settings, rec):
-    """For an artifact with symbols and torch steps (see _Specializing):
-    where the graph sent was static (kilnd generalized it, from a second
-    static graph of its structure), the static graph's own artifact if it
-    leaves fewer steps to torch; where the graph has symbols (Dynamo's), a
-    _Specializing around mod; else mod."""
+    """A _Specializing around mod, an artifact with symbols and torch steps,
+    where the graph sent has symbols (Dynamo's); else mod. (A static graph
+    that kilnd generalized comes back generalized only where that leaves
+    no op kiln lowers to torch: kilnd refuses the others.)"""
     if graph is None:
         import msgpack
         graph = msgpack.unpackb(data, raw=False)
     if graph.get("symbols"):
         return _Specializing.make(mod, graph, none_outputs, seeded, settings, rec) or mod
-    try:
-        st = settings
-        art, _sig, _src, _cms = _client(st.socket).compile(data, st.mode, False, st.priority)
-        m = Module(art, none_outputs)
-    except KilnError as e:
-        rec["specialized_why"] = f"the static graph: {e}"
-        return mod
-    if _n_fallback(m) >= _n_fallback(mod):
-        rec["specialized_why"] = "the static graph leaves as many steps to torch"
-        return mod
-    m._kiln_seeded = seeded
-    m._kiln_data = data
-    rec["specialized"] = 1
-    rec["fallback_ops"] = [s.get("op") for s in m._steps if s.get("kind") == "fallback"]
-    rec["kernels"] = [k.get("name") for k in m._kernels]
-    with _state.lock:
-        _state.counts["specialized"] += 1
-    return m
+    return mod
 
 
 def _instance(graph, env):

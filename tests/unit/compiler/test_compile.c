@@ -6071,3 +6071,102 @@ Test(lowering, transposed_convolutions_are_kernels, .timeout = 300)
 	}
 	kiln_compiler_free(kc);
 }
+
+/* A spec whose dim 0 is the symbol s0 and the rest dims d[1 ..]. */
+static void spec_s0(gb_t *b, const char *dt, const int64_t *d, uint32_t rank)
+{
+	msgpack_pack_map(&b->pk, 2);
+	s(b, "dtype");
+	s(b, dt);
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, rank);
+	s(b, "s0");
+	for (uint32_t i = 1; i < rank; i++)
+		msgpack_pack_int64(&b->pk, d[i]);
+}
+
+/* One node over x [s0, ...]: a convolution (x [s0, 3, 8, 8], w [4, 3, 3,
+ * 3]) or topk(x [s0, 10], 3). */
+static kiln_graph_t *sym_one_node_graph(bool conv)
+{
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 5);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "symbols");
+	msgpack_pack_map(&b.pk, 1);
+	s(&b, "s0");
+	msgpack_pack_map(&b.pk, 1);
+	s(&b, "min");
+	msgpack_pack_int64(&b.pk, 2);
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, conv ? 2 : 1);
+	static const int64_t x4[4] = {0, 3, 8, 8}, w4[4] = {4, 3, 3, 3},
+			     y4[4] = {0, 4, 6, 6}, x2[2] = {0, 10},
+			     k2[2] = {0, 3}, one2[2] = {1, 1},
+			     zero2[2] = {0, 0};
+	if (conv) {
+		spec_s0(&b, "f32", x4, 4);
+		specn(&b, "f32", w4, 4);
+	} else {
+		spec_s0(&b, "f32", x2, 2);
+	}
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	if (conv) {
+		node_head(&b, "aten.convolution.default", 9);
+		ref(&b, 0);
+		ref(&b, 1);
+		msgpack_pack_nil(&b.pk);
+		ints2(&b, one2);
+		ints2(&b, zero2);
+		ints2(&b, one2);
+		msgpack_pack_false(&b.pk);
+		ints2(&b, zero2);
+		msgpack_pack_int64(&b.pk, 1);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		spec_s0(&b, "f32", y4, 4);
+	} else {
+		node_head(&b, "aten.topk.default", 2);
+		ref(&b, 0);
+		msgpack_pack_int64(&b.pk, 3);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 2);
+		spec_s0(&b, "f32", k2, 2);
+		spec_s0(&b, "i64", k2, 2);
+	}
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, conv ? 2 : 1);
+	kiln_graph_t *g =
+	    graph_from_json_like("symbolic one-node graph", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
+/* The compile stats count, of the fallback steps, those of ops kiln
+ * lowers that declined at a symbolic size (kilnd refuses a generalized
+ * graph with any: daemon/README.md): a convolution over a symbolic batch
+ * is one, topk (never lowered) is not. */
+Test(dynamic, symbolic_fallbacks_are_counted)
+{
+	kiln_compiler_t *kc = new_compiler();
+	for (int conv = 0; conv < 2; conv++) {
+		kiln_graph_t *g = sym_one_node_graph(conv);
+		kiln_compile_opts_t opts;
+		memset(&opts, 0, sizeof(opts));
+		kiln_compile_stats_t st;
+		kiln_artifact_t *a = NULL;
+		char err[512];
+		int rc = kiln_compile(kc, g, &opts, &a, &st, err, sizeof(err));
+		cr_assert_eq(rc, 0, "%s", err);
+		cr_expect_eq(st.n_fallbacks, 1, "conv %d", conv);
+		cr_expect_eq(st.n_sym_fallbacks, (uint32_t)conv, "conv %d",
+			     conv);
+		kiln_artifact_free(a);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}

@@ -467,6 +467,30 @@ def test_a_graph_with_torch_steps_at_every_size_is_not_specialized(daemons, monk
     assert kb.stats()["specialized"] == 0
 
 
+def test_a_static_instance_without_kilnd_runs_the_symbolic_artifact(daemons):
+    """kilnd gone when a new batch size needs its static instance: that call
+    runs the symbolic artifact (torch runs its convolutions), right numbers,
+    no exception; with kilnd back, a later call at that size gets its
+    instance."""
+    import kiln.backend as kb
+    d = daemons.start("spec_down")
+    daemons.use(d)
+    model = _small_cnn().eval()
+    m = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        for b in (8, 5):
+            m(torch.randn(b, 3, 12, 12))
+        d.stop()
+        x = torch.randn(3, 3, 12, 12)
+        torch.testing.assert_close(m(x), model(x), rtol=1e-4, atol=1e-5)
+        rec = kb.records()[1]
+        assert rec["specialized"] == 1 and "static instance at" in rec["specialized_why"], rec
+        d.start()
+        kb._state.down_until = 0.0  # (the failed connect is remembered for 5 s)
+        torch.testing.assert_close(m(x), model(x), rtol=1e-4, atol=1e-5)
+        assert rec["specialized"] == 2, rec
+
+
 def test_dynamic_false_compiles_every_length(daemons):
     import kiln.backend as kb
     d = daemons.start("static")

@@ -453,9 +453,8 @@ class _Specializing:
     """A graph with symbols whose artifact leaves steps to torch that the
     same graph at static sizes may not (a lowering that declines symbolic
     sizes: every convolution, after Dynamo's automatic dynamic shapes made
-    the batch a symbol at a smaller last batch; or kilnd's generalization of
-    a second static graph). Each call binds the symbols from its inputs'
-    sizes; the first call at a new set of sizes compiles the static
+    the batch a symbol at a smaller last batch). Each call binds the
+    symbols from its inputs' sizes; the first call at a new set of sizes compiles the static
     instance (kilnd, dynamic false: shared with every process) and later
     ones at those sizes run it. At most LIMIT instances a graph, then the
     symbolic artifact; and none at all once an instance leaves as many
@@ -524,7 +523,12 @@ class _Specializing:
                                                                    st.priority)
                 m = Module(art, self.none_outputs)
             except (KilnError, ExportError, ValueError, TypeError, KeyError) as e:
-                self.off = True
+                # kilnd away or busy: the symbolic artifact this time, and
+                # a later call at these sizes asks again; anything else
+                # (the instance cannot be had): the symbolic one always
+                transient = getattr(e, "code", None) in ("unavailable", "busy", "timeout",
+                                                         "shutting_down")
+                self.off = not transient
                 self.rec["specialized_why"] = f"static instance at {env}: {e}"
                 log.info("kiln: %s", self.rec["specialized_why"])
                 return self.generic

@@ -1,6 +1,6 @@
 /*
- * ops_conv.c — convolution (1-d and 2-d, stride, padding, dilation,
- * groups) and its backward.
+ * ops_conv.c — convolution (1-d, 2-d and 3-d, stride, padding, dilation,
+ * groups; transposed 1-d and 2-d) and its backward.
  *
  * Forward, by shape:
  *   1x1, stride 1, no padding, groups == 1: out[n] = W @ x[n] viewed as
@@ -46,8 +46,13 @@
  * Transposed (conv_transposed, conv_transposed_bw): the forward is the
  * input gradient above with x as grad_output; its backward is a forward
  * convolution (grad_input) and the weight gradient above with the roles of
- * x and grad_output swapped. 3-d convolutions are not lowered (a fallback
- * step).
+ * x and grad_output swapped.
+ * 3-d (conv3d, conv3d_bw): the 2-d convolution over (H, W) of the input
+ * with its depth taps folded into the channels, [N·OD, C·KDe, H, W] by the
+ * weight viewed [O, Cg·KDe, KH, KW], in any 2-d form; only the KDe taps
+ * that read the input at some output depth are kept (R3D's last layers,
+ * depth 1 padded by 1: the middle one). Transposed 3-d convolutions are
+ * not lowered (a fallback step).
  */
 #include "compiler/ops.h"
 
@@ -55,9 +60,9 @@
 #include <string.h>
 
 typedef struct conv {
-	uint32_t nd; /* spatial dims: 1 or 2 */
-	int64_t s[2], p[2], d[2];
-	int64_t op[2]; /* output_padding (a transposed convolution's) */
+	uint32_t nd; /* spatial dims: 1, 2 or 3 */
+	int64_t s[3], p[3], d[3];
+	int64_t op[3]; /* output_padding (a transposed convolution's) */
 	int64_t groups;
 	bool transposed;
 } conv_t;
@@ -855,8 +860,8 @@ static int conv_forward(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b, conv_t cv)
 	if (C != Cg * G || O % G != 0)
 		return lerr(
 		    n, KILN_EINVGRAPH,
-		    "channels %lld do not match weight [%lld, %lld, ..] "
-		    "with %lld groups",
+		    "%lld input channels and weight [%lld, %lld, ..] do not "
+		    "fit groups=%lld",
 		    (long long)C, (long long)O, (long long)Cg, (long long)G);
 	int64_t OH = (H + 2 * cv.p[0] - cv.d[0] * (KH - 1) - 1) / cv.s[0] + 1;
 	int64_t OW = (W + 2 * cv.p[1] - cv.d[1] * (KW - 1) - 1) / cv.s[1] + 1;
@@ -1031,6 +1036,7 @@ static int conv_forward(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b, conv_t cv)
 
 static int conv_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
 			   const conv_t *cv);
+static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv);
 
 int low_convolution(cctx_t *c, lnode_t *n)
 {
@@ -1043,13 +1049,15 @@ int low_convolution(cctx_t *c, lnode_t *n)
 		rc = ltensor_opt(n, 2, "bias", &b);
 	if (rc != 0)
 		return rc;
-	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank)
+	if (x0->rank < 3 || x0->rank > 5 || w0->rank != x0->rank)
 		return lerr(n, KILN_EUNSUPOP,
-			    "only 1-d and 2-d convolutions are lowered");
+			    "only 1-d, 2-d and 3-d convolutions are lowered");
 	conv_t cv;
 	rc = conv_params(n, 3, x0->rank - 2, &cv);
 	if (rc != 0)
 		return rc;
+	if (cv.nd == 3)
+		return conv3d(n, x0, w0, b, &cv);
 	return cv.transposed ? conv_transposed(n, x0, w0, b, &cv)
 			     : conv_forward(n, x0, w0, b, cv);
 }
@@ -1820,6 +1828,8 @@ static int conv_backward(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0, conv_t cv,
 
 static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
 			      const conv_t *cv, const bool *mask);
+static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
+		     const bool *mask);
 
 int low_convolution_backward(cctx_t *c, lnode_t *n)
 {
@@ -1832,10 +1842,10 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		rc = ltensor(n, 2, "weight", &w0);
 	if (rc != 0)
 		return rc;
-	if ((x0->rank != 3 && x0->rank != 4) || w0->rank != x0->rank ||
+	if (x0->rank < 3 || x0->rank > 5 || w0->rank != x0->rank ||
 	    go0->rank != x0->rank)
 		return lerr(n, KILN_EUNSUPOP,
-			    "only 1-d and 2-d convolutions are lowered");
+			    "only 1-d, 2-d and 3-d convolutions are lowered");
 	conv_t cv;
 	rc = conv_params(n, 4, x0->rank - 2, &cv);
 	if (rc != 0)
@@ -1846,6 +1856,8 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		for (uint32_t i = 0; i < 3; i++)
 			mask[i] = om->u.list[i].kind == KILN_ARG_BOOL &&
 				  om->u.list[i].u.b;
+	if (cv.nd == 3)
+		return conv3d_bw(n, go0, x0, w0, &cv, mask);
 	return cv.transposed ? conv_transposed_bw(n, go0, x0, w0, &cv, mask)
 			     : conv_backward(n, go0, x0, w0, cv, mask);
 }
@@ -1993,5 +2005,283 @@ static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
 		if (rc == 0)
 			rc = lset(n, 2, gb);
 	}
+	return rc;
+}
+
+/* ---- 3-d convolutions: 2-d ones with the depth taps in the channels ---- */
+
+typedef struct conv3 {
+	int64_t N, C, D, H, W, O, Cg, KD, KH, KW, G, OD, OH, OW;
+	/* the depth taps that read the input at some output depth: kd0 ..
+	 * kd0 + KDe - 1 (the others read only padding) */
+	int64_t kd0, KDe;
+	conv_t c2; /* the 2-d convolution over (H, W) */
+} conv3_t;
+
+/* The geometry of a 3-d convolution of x [N, C, D, H, W] by w [O, Cg, KD,
+ * KH, KW], checked. */
+static int conv3_geo(lnode_t *n, const lt_t *x, const lt_t *w, const conv_t *cv,
+		     conv3_t *g)
+{
+	for (int k = 0; k < 5; k++)
+		if (x->sizes[k].e != NULL || w->sizes[k].e != NULL)
+			return lerr(n, KILN_EUNSUPOP,
+				    "symbolic convolution shapes are not "
+				    "lowered");
+	if (cv->transposed)
+		return lerr(n, KILN_EUNSUPOP,
+			    "transposed 3-d convolutions are not lowered");
+	memset(g, 0, sizeof(*g));
+	g->N = x->sizes[0].c, g->C = x->sizes[1].c, g->D = x->sizes[2].c;
+	g->H = x->sizes[3].c, g->W = x->sizes[4].c;
+	g->O = w->sizes[0].c, g->Cg = w->sizes[1].c, g->KD = w->sizes[2].c;
+	g->KH = w->sizes[3].c, g->KW = w->sizes[4].c, g->G = cv->groups;
+	if (g->C != g->Cg * g->G || g->O % g->G != 0)
+		return lerr(n, KILN_EINVGRAPH,
+			    "%lld input channels and weight [%lld, %lld, ..] "
+			    "do not fit groups=%lld",
+			    (long long)g->C, (long long)g->O, (long long)g->Cg,
+			    (long long)g->G);
+	const int64_t in[3] = {g->D, g->H, g->W}, kk[3] = {g->KD, g->KH, g->KW};
+	int64_t out[3];
+	for (int k = 0; k < 3; k++) {
+		out[k] = (in[k] + 2 * cv->p[k] - cv->d[k] * (kk[k] - 1) - 1) /
+			     cv->s[k] +
+			 1;
+		if (in[k] + 2 * cv->p[k] < cv->d[k] * (kk[k] - 1) + 1)
+			return lerr(n, KILN_EINVGRAPH,
+				    "the kernel is larger than the padded "
+				    "input");
+	}
+	g->OD = out[0], g->OH = out[1], g->OW = out[2];
+	int64_t lo = -1, hi = -1;
+	for (int64_t kd = 0; kd < g->KD; kd++)
+		for (int64_t od = 0; od < g->OD; od++) {
+			int64_t dep = od * cv->s[0] - cv->p[0] + kd * cv->d[0];
+			if (dep >= 0 && dep < g->D) {
+				lo = lo < 0 ? kd : lo;
+				hi = kd;
+				break;
+			}
+		}
+	if (lo < 0)
+		return lerr(n, KILN_EUNSUPOP,
+			    "every depth tap reads padding only");
+	g->kd0 = lo, g->KDe = hi - lo + 1;
+	g->c2 = *cv;
+	g->c2.nd = 2;
+	for (int k = 0; k < 2; k++) {
+		g->c2.s[k] = cv->s[k + 1], g->c2.p[k] = cv->p[k + 1];
+		g->c2.d[k] = cv->d[k + 1], g->c2.op[k] = 0;
+	}
+	g->c2.s[2] = g->c2.d[2] = 1, g->c2.p[2] = g->c2.op[2] = 0;
+	return 0;
+}
+
+/* Whether 0 <= e < lim. */
+static const sx_t *in_range(cctx_t *c, const kiln_expr_t *e, int64_t lim)
+{
+	const sx_t *v = sx_index(c, e);
+	return sx_bin(c, OP_AND,
+		      sx_bin(c, OP_GE, v, sx_consti(c, 0, KILN_DT_I64)),
+		      sx_bin(c, OP_LT, v, sx_consti(c, lim, KILN_DT_I64)));
+}
+
+/* The input of the 2-d convolution that the 3-d one is: xc [N·OD, C·KDe,
+ * H, W], xc[n·OD + od, c·KDe + k, h, w] = x[n, c, od·sd - pd + kd·dd, h,
+ * w] with kd = kd0 + k (0 past the depth), realized: each depth tap a copy
+ * of the input. A group's channels stay together (c = g·Cg + cg). */
+static int conv3_fold_x(lnode_t *n, lt_t *x, const conv3_t *g, const conv_t *cv,
+			lt_t **xc)
+{
+	cctx_t *c = n->c;
+	kiln_dim_t fs[4] = {dim_const(g->N * g->OD), dim_const(g->C * g->KDe),
+			    dim_const(g->H), dim_const(g->W)};
+	set_var_ranges(c, 4, fs);
+	const kiln_expr_t *od = ix_mod(c, IV(0), IC(g->OD));
+	const kiln_expr_t *kd =
+	    ix_add(c, ix_mod(c, IV(1), IC(g->KDe)), IC(g->kd0));
+	const kiln_expr_t *ch = ix_floordiv(c, IV(1), IC(g->KDe));
+	const kiln_expr_t *dep =
+	    ix_add(c, ix_sub(c, ix_mul(c, od, IC(cv->s[0])), IC(cv->p[0])),
+		   ix_mul(c, kd, IC(cv->d[0])));
+	const kiln_expr_t *xi[5] = {ix_floordiv(c, IV(0), IC(g->OD)), ch, dep,
+				    IV(2), IV(3)};
+	const sx_t *ok = in_range(c, dep, g->D);
+	const sx_t *body = sx_where(c, ok, sx_guard(c, lt_at(c, x, xi), ok),
+				    sxf(c, 0, x->dtype));
+	set_var_ranges(c, 0, NULL);
+	lt_t *t = lt_fn(c, x->dtype, 4, fs, body);
+	return t ? lt_realize(c, t, (int32_t)n->index, xc) : -ENOMEM;
+}
+
+/* The weight of that 2-d convolution: w [O, Cg, KD, KH, KW] as [O,
+ * Cg·KDe, KH, KW]: a view where every depth tap is kept, else the kept
+ * ones copied. */
+static int conv3_fold_w(lnode_t *n, lt_t *w, const conv3_t *g, lt_t **w2)
+{
+	cctx_t *c = n->c;
+	kiln_dim_t fs[4] = {dim_const(g->O), dim_const(g->Cg * g->KDe),
+			    dim_const(g->KH), dim_const(g->KW)};
+	lt_t *t = w;
+	if (g->KDe < g->KD) {
+		t = lt_slice(c, w, 2, IC(g->kd0), IC(g->KDe), 1);
+		int rc = t ? lt_realize(c, t, (int32_t)n->index, &t) : -ENOMEM;
+		if (rc != 0)
+			return rc;
+	}
+	*w2 = lt_reshape(c, t, 4, fs);
+	return *w2 ? 0 : -ENOMEM;
+}
+
+/* A 3-d convolution (Conv3d: video models' and volumetric U-Nets'): the
+ * 2-d convolution over (H, W) of the input with its depth taps folded into
+ * the channels, [N·OD, G·KD·Cg, H, W] by [O, KD·Cg, KH, KW], in any of the
+ * 2-d forms (conv_forward, its output captured), then [N·OD, O, OH, OW]
+ * read as [N, O, OD, OH, OW]. */
+static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
+{
+	cctx_t *c = n->c;
+	conv3_t g;
+	int rc = conv3_geo(n, x, w, cv, &g);
+	if (rc != 0)
+		return rc;
+	if (b != NULL && (b->rank != 1 || !dim_is(b->sizes[0], g.O)))
+		return lerr(n, KILN_EINVGRAPH,
+			    "bias must have one element per output channel "
+			    "(%lld)",
+			    (long long)g.O);
+	lt_t *xc, *w2;
+	rc = conv3_fold_x(n, x, &g, cv, &xc);
+	if (rc == 0)
+		rc = conv3_fold_w(n, w, &g, &w2);
+	if (rc != 0)
+		return rc;
+	lt_t *cap[3] = {NULL, NULL, NULL};
+	n->capture = cap;
+	rc = conv_forward(n, xc, w2, b, g.c2);
+	n->capture = NULL;
+	if (rc == 0 && cap[0] == NULL)
+		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+	if (rc != 0)
+		return rc;
+	kiln_dim_t y5[5] = {dim_const(g.N), dim_const(g.OD), dim_const(g.O),
+			    dim_const(g.OH), dim_const(g.OW)};
+	static const uint32_t perm[5] = {0, 2, 1, 3, 4};
+	lt_t *r = lt_reshape(c, cap[0], 5, y5);
+	return lset(n, 0, r ? lt_permute(c, r, perm) : NULL);
+}
+
+/* Its backward: that 2-d convolution's (conv_backward, outputs captured)
+ * over grad_output as [N·OD, O, OH, OW]; grad_input the sum of the folded
+ * input's gradient over the depth taps that read each depth, d = od·sd -
+ * pd + kd·dd; grad_weight the folded weight's, unfolded. */
+static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
+		     const bool *mask)
+{
+	cctx_t *c = n->c;
+	conv3_t g;
+	int rc = conv3_geo(n, x, w, cv, &g);
+	if (rc != 0)
+		return rc;
+	const int64_t gs[5] = {g.N, g.O, g.OD, g.OH, g.OW};
+	for (int k = 0; k < 5; k++)
+		if (!dim_is(go->sizes[k], gs[k]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "grad_output, input and weight shapes "
+				    "disagree");
+	bool want[3] = {mask[0], mask[1] && n->n->n_out > 1,
+			mask[2] && n->n->n_out > 2};
+	lt_t *xc, *w2;
+	kiln_dim_t xs[4] = {dim_const(g.N * g.OD), dim_const(g.C * g.KDe),
+			    dim_const(g.H), dim_const(g.W)};
+	/* grad_input reads only the folded input's sizes */
+	rc = want[1] ? conv3_fold_x(n, x, &g, cv, &xc) : 0;
+	if (!want[1])
+		xc = lt_fn(c, x->dtype, 4, xs, sxf(c, 0, x->dtype));
+	if (rc == 0)
+		rc = conv3_fold_w(n, w, &g, &w2);
+	if (rc != 0 || xc == NULL)
+		return rc != 0 ? rc : -ENOMEM;
+	static const uint32_t perm[5] = {0, 2, 1, 3, 4};
+	kiln_dim_t g4[4] = {dim_const(g.N * g.OD), dim_const(g.O),
+			    dim_const(g.OH), dim_const(g.OW)};
+	lt_t *gp = lt_permute(c, go, perm);
+	lt_t *go2 = gp ? lt_reshape(c, gp, 4, g4) : NULL;
+	if (go2 == NULL)
+		return -ENOMEM;
+	lt_t *cap[3] = {NULL, NULL, NULL};
+	n->capture = cap;
+	rc = conv_backward(n, go2, xc, w2, g.c2, want);
+	n->capture = NULL;
+	for (int k = 0; rc == 0 && k < 3; k++)
+		if (want[k] && cap[k] == NULL)
+			rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+	if (rc != 0)
+		return rc;
+	if (want[0]) {
+		/* over [N, C, D, KDe, H, W], reduce KDe */
+		kiln_dim_t fs[6] = {dim_const(g.N), dim_const(g.C),
+				    dim_const(g.D), dim_const(g.KDe),
+				    dim_const(g.H), dim_const(g.W)};
+		set_var_ranges(c, 6, fs);
+		const kiln_expr_t *t = ix_sub(
+		    c, ix_add(c, IV(2), IC(cv->p[0])),
+		    ix_mul(c, ix_add(c, IV(3), IC(g.kd0)), IC(cv->d[0])));
+		const kiln_expr_t *od = ix_floordiv(c, t, IC(cv->s[0]));
+		const sx_t *ok = in_range(c, od, g.OD);
+		if (cv->s[0] > 1) /* the tap lands on an output depth */
+			ok = sx_bin(
+			    c, OP_AND, ok,
+			    sx_bin(c, OP_EQ,
+				   sx_index(c, ix_mod(c, t, IC(cv->s[0]))),
+				   sx_consti(c, 0, KILN_DT_I64)));
+		const kiln_expr_t *ch =
+		    ix_add(c, ix_mul(c, IV(1), IC(g.KDe)), IV(3));
+		const kiln_expr_t *gi[4] = {
+		    ix_add(c, ix_mul(c, IV(0), IC(g.OD)), od), ch, IV(4),
+		    IV(5)};
+		lt_t *gx = cap[0];
+		const sx_t *body =
+		    sx_where(c, ok, sx_guard(c, lt_at(c, gx, gi), ok),
+			     sxf(c, 0, gx->dtype));
+		set_var_ranges(c, 0, NULL);
+		lt_t *full = lt_fn(c, gx->dtype, 6, fs, body), *r;
+		if (full == NULL)
+			return -ENOMEM;
+		rc = lred(n, full, 1u << 3, false, RED_SUM, gx->dtype, &r);
+		if (rc == 0)
+			rc = lset(n, 0, r);
+		if (rc != 0)
+			return rc;
+	}
+	if (want[1]) {
+		/* [O, Cg·KDe, KH, KW] as [O, Cg, KD, KH, KW]: 0 at the taps
+		 * that read padding only */
+		kiln_dim_t ws[5] = {dim_const(g.O), dim_const(g.Cg),
+				    dim_const(g.KD), dim_const(g.KH),
+				    dim_const(g.KW)};
+		lt_t *gw = cap[1], *r;
+		if (g.KDe == g.KD) {
+			r = lt_reshape(c, gw, 5, ws);
+		} else {
+			set_var_ranges(c, 5, ws);
+			const kiln_expr_t *k = ix_sub(c, IV(2), IC(g.kd0));
+			const sx_t *ok = in_range(c, k, g.KDe);
+			const kiln_expr_t *wi[4] = {
+			    IV(0), ix_add(c, ix_mul(c, IV(1), IC(g.KDe)), k),
+			    IV(3), IV(4)};
+			const sx_t *body =
+			    sx_where(c, ok, sx_guard(c, lt_at(c, gw, wi), ok),
+				     sxf(c, 0, gw->dtype));
+			set_var_ranges(c, 0, NULL);
+			r = lt_fn(c, gw->dtype, 5, ws, body);
+		}
+		rc = lset(n, 1, r);
+		if (rc != 0)
+			return rc;
+	}
+	if (want[2])
+		rc = lset(n, 2, cap[2]);
 	return rc;
 }

@@ -46,6 +46,15 @@ def _tv(fn, size=64, **kw):
     return m, (lambda f: f(x))
 
 
+def _tvv(fn, **kw):
+    """A torchvision video model on one clip of 4 frames, 56²."""
+    import torch
+    import torchvision
+    m = getattr(torchvision.models.video, fn)(**kw)
+    x = torch.randn(2, 3, 4, 56, 56)
+    return m, (lambda f: f(x))
+
+
 def _timm(fn, size=64, **kw):
     import timm
     import torch
@@ -205,6 +214,7 @@ def models():
                                    num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                    intermediate_size=128, image_size=64, patch_size=8),
         "lstm": _lstm,
+        "r3d": lambda: _tvv("r3d_18", num_classes=10),
         "dcgan": _dcgan,
         "unet": _unet,
     }

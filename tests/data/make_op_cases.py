@@ -1059,6 +1059,37 @@ def build_nn():
         ("op_dil", U(1, 2, 4, 4), U(2, 3, 3, 3), None, [1, 1], [1, 1], [2, 2], [1, 1], 1),
         ("1x1", U(2, 8, 4, 4), U(8, 6, 1, 1), U(6), [1, 1], [0, 0], [1, 1], [0, 0], 1),
     ]
+    # 3-d convolutions (ops_conv.c conv3d: the 2-d convolution over (H, W)
+    # with the depth taps folded into the channels): padded, strided in
+    # depth, dilated, grouped, with and without bias, f64
+    c3_cases = [
+        ("3d", U(2, 3, 5, 6, 6), U(4, 3, 3, 3, 3), U(4), [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+        ("3d_stride_groups", U(1, 4, 7, 6, 5), U(6, 2, 3, 2, 3), None, [2, 1, 2], [1, 0, 1], [1, 1, 1], 2),
+        ("3d_dil_f64", U(1, 2, 6, 5, 5, dt=f64), U(3, 2, 2, 3, 3, dt=f64), U(3, dt=f64), [1, 2, 1], [2, 1, 0],
+         [2, 1, 1], 1),
+        ("3d_gemm", U(2, 16, 4, 8, 8), U(16, 16, 3, 3, 3), U(16), [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+        # depth 1 padded by 1 (R3D's last layers): only the middle tap reads
+        # the input; depth 2 at stride 2: the first tap reads padding only
+        ("3d_depth1", U(2, 8, 1, 5, 5), U(6, 8, 3, 3, 3), U(6), [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+        ("3d_depth2_s2", U(1, 4, 2, 6, 6), U(4, 2, 3, 3, 3), None, [2, 1, 1], [1, 1, 1], [1, 1, 1], 2),
+    ]
+    for name, x, w, b, st, pd, dl, gr in c3_cases:
+        if b is None:
+            case("convolution", name, lambda x, w, st=st, pd=pd, dl=dl, gr=gr:
+                 conv(x, w, None, st, pd, dl, False, [0, 0, 0], gr), x, w, min_atol=1e-5)
+        else:
+            case("convolution", name, lambda x, w, b, st=st, pd=pd, dl=dl, gr=gr:
+                 conv(x, w, b, st, pd, dl, False, [0, 0, 0], gr), x, w, b, min_atol=1e-5)
+        y = conv(x, w, None, st, pd, dl, False, [0, 0, 0], gr)
+        mk = [True, True, b is not None]
+        case("convolution_backward", name,
+             lambda g, x, w, st=st, pd=pd, dl=dl, gr=gr, mk=mk, nb=w.shape[0]:
+             cb(g, x, w, [nb], st, pd, dl, False, [0, 0, 0], gr, mk), U(*y.shape, dt=y.dtype), x, w,
+             min_atol=1e-5)
+    case("convolution_backward", "3d_input_only",
+         lambda g, x, w: cb(g, x, w, None, [2, 2, 2], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1,
+                            [True, False, False]),
+         U(1, 4, 3, 3, 3), U(1, 3, 6, 6, 6), U(4, 3, 3, 3, 3), min_atol=1e-5)
     for name, x, w, b, st, pd, dl, op_, gr in tconv_cases:
         if b is None:
             case("convolution", f"transposed_{name}",
@@ -1587,6 +1618,12 @@ def bad_cases():
                                    [node("aten.convolution.default", [R0, R1, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1],
                                          [spec("f32", [1, 3, 4, 4])])], [{"ref": 2}]),
            [zeros_entry("f32", [1, 2, 4, 4]), zeros_entry("f32", [3, 3, 1, 1])], "invalid_graph", "do not fit groups")
+    yield ("conv3d_channels", graph1([spec("f32", [1, 4, 3, 4, 4]), spec("f32", [2, 3, 1, 1, 1])],
+                                     [node("aten.convolution.default",
+                                           [R0, R1, None, [1, 1, 1], [0, 0, 0], [1, 1, 1], False, [0, 0, 0], 1],
+                                           [spec("f32", [1, 2, 3, 4, 4])])], [{"ref": 2}]),
+           [zeros_entry("f32", [1, 4, 3, 4, 4]), zeros_entry("f32", [2, 3, 1, 1, 1])], "invalid_graph",
+           "do not fit groups")
     # a transposed convolution's weight is [C_in, C_out / groups, ..]; its
     # output_padding must be below the stride or the dilation (torch's rule)
     yield ("tconv_channels", graph1([spec("f32", [1, 2, 4, 4]), spec("f32", [3, 3, 1, 1])],

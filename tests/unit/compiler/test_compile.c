@@ -5962,11 +5962,15 @@ Test(conv, tiled_scratch_stays_within_its_bound)
 
 /* A transposed convolution whose weight's dim 0 is not the input's
  * channels, or whose output_padding is not below its stride or dilation
- * (tests/data/bad/tconv_*): rejected as the interpreter rejects them. */
-Test(compile, transposed_convolution_bad_arguments)
+ * (tests/data/bad/tconv_*), a 2-d and a 3-d one whose weight does not take
+ * the input's channels (conv_channels, conv3d_channels): rejected as the
+ * interpreter rejects them. */
+Test(compile, convolution_bad_arguments)
 {
 	static const badcase_t bad[] = {
 	    {"tconv_channels", "weight's dim 0 must equal the input channels"},
+	    {"conv_channels", "do not fit groups"},
+	    {"conv3d_channels", "do not fit groups"},
 	    {"tconv_output_padding",
 	     "output_padding 2 must be smaller than the stride 2 or the "
 	     "dilation 1"},
@@ -6166,6 +6170,126 @@ Test(dynamic, symbolic_fallbacks_are_counted)
 		cr_expect_eq(st.n_sym_fallbacks, (uint32_t)conv, "conv %d",
 			     conv);
 		kiln_artifact_free(a);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
+static void ints3(gb_t *b, const int64_t *v)
+{
+	msgpack_pack_array(&b->pk, 3);
+	for (int k = 0; k < 3; k++)
+		msgpack_pack_int64(&b->pk, v[k]);
+}
+
+/* y = conv3d(x, w, b) and its backward (every gradient) in one graph:
+ * outputs y, grad_input, grad_weight, grad_bias. */
+static kiln_graph_t *conv3d_graph(const char *dt, const int64_t *x5,
+				  const int64_t *w5, const int64_t *st,
+				  const int64_t *pd, int64_t G)
+{
+	int64_t y5[5] = {x5[0], w5[0], 0, 0, 0};
+	for (int k = 0; k < 3; k++)
+		y5[2 + k] = (x5[2 + k] + 2 * pd[k] - w5[2 + k]) / st[k] + 1;
+	const int64_t b1[1] = {w5[0]}, one3[3] = {1, 1, 1},
+		      zero3[3] = {0, 0, 0};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 4);
+	specn(&b, dt, x5, 5);
+	specn(&b, dt, w5, 5);
+	specn(&b, dt, b1, 1);
+	specn(&b, dt, y5, 5);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 2);
+	node_head(&b, "aten.convolution.default", 9); /* value 4 */
+	ref(&b, 0);
+	ref(&b, 1);
+	ref(&b, 2);
+	ints3(&b, st);
+	ints3(&b, pd);
+	ints3(&b, one3);
+	msgpack_pack_false(&b.pk);
+	ints3(&b, zero3);
+	msgpack_pack_int64(&b.pk, G);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, dt, y5, 5);
+	node_head(&b, "aten.convolution_backward.default", 11); /* 5, 6, 7 */
+	ref(&b, 3);
+	ref(&b, 0);
+	ref(&b, 1);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, w5[0]);
+	ints3(&b, st);
+	ints3(&b, pd);
+	ints3(&b, one3);
+	msgpack_pack_false(&b.pk);
+	ints3(&b, zero3);
+	msgpack_pack_int64(&b.pk, G);
+	msgpack_pack_array(&b.pk, 3);
+	for (int k = 0; k < 3; k++)
+		msgpack_pack_true(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	specn(&b, dt, x5, 5);
+	specn(&b, dt, w5, 5);
+	specn(&b, dt, b1, 1);
+	return end_graph(&b, 4, 4, "3-d convolution");
+}
+
+/* 3-d convolutions, forward and backward, are kernels (no fallback step):
+ * the 2-d convolution over (H, W) with the depth taps that read the input
+ * folded into the channels, its products through BLAS or kiln's templates.
+ * Against the interpreter: R3D's 3x3x3 at depth 4, its last layers' depth
+ * 1 (only the middle tap reads the input: a third of the products), one
+ * strided in depth and grouped in f64. */
+Test(lowering, conv3d_is_kernels, .timeout = 300)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		const char *dt;
+		int64_t x5[5], w5[5], st[3], pd[3], G;
+		const char *k;
+	} cases[] = {
+	    {"f32",
+	     {2, 16, 4, 12, 12},
+	     {32, 16, 3, 3, 3},
+	     {1, 1, 1},
+	     {1, 1, 1},
+	     1,
+	     "K=432"},
+	    {"f32",
+	     {2, 64, 1, 6, 6},
+	     {64, 64, 3, 3, 3},
+	     {1, 1, 1},
+	     {1, 1, 1},
+	     1,
+	     "K=[576]"},
+	    {"f64",
+	     {1, 8, 5, 7, 7},
+	     {8, 4, 3, 3, 3},
+	     {2, 1, 1},
+	     {1, 1, 1},
+	     2,
+	     NULL},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char what[96];
+		snprintf(what, sizeof(what), "%s [%lld, %lld, %lld, ..] k%lld",
+			 cases[i].dt, (long long)cases[i].x5[0],
+			 (long long)cases[i].x5[1], (long long)cases[i].x5[2],
+			 (long long)cases[i].w5[2]);
+		kiln_graph_t *g =
+		    conv3d_graph(cases[i].dt, cases[i].x5, cases[i].w5,
+				 cases[i].st, cases[i].pd, cases[i].G);
+		cr_assert(g != NULL, "%s", what);
+		expect_report_has(kc, g, "fallback", false, what);
+		if (cases[i].k != NULL) /* the folded product's depth */
+			expect_report_has(kc, g, cases[i].k, true, what);
+		bool f64 = strcmp(cases[i].dt, "f64") == 0;
+		expect_matches_interp(kc, g, "default", 41 + i,
+				      f64 ? 1e-12 : 1e-4, what);
 		kiln_graph_free(g);
 	}
 	kiln_compiler_free(kc);

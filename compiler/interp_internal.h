@@ -258,7 +258,7 @@ static inline bool ki_same_shape(const it_t *a, const it_t *b)
 	X(index_put) X(nll) X(nll_bw) X(mse) X(mse_bw) X(conv) X(conv_bw)      \
 	X(maxpool) X(maxpool_bw) X(avgpool) X(avgpool_bw) X(adaptive)          \
 	X(adaptive_bw) X(upsample) X(sdpa) X(sdpa_bw) X(weight_norm) X(index_add) \
-	X(mha) X(scatter_reduce)
+	X(mha) X(scatter_reduce) X(log_sigmoid) X(elu_backward) X(prelu) X(glu)
 /* clang-format on */
 
 #define KI_DECL_OP(name) int kiln__op_##name(ictx_t *c, int code);
@@ -309,6 +309,12 @@ enum {
 	U_HARDTANH,
 	U_LEAKY,
 	U_ELU,
+	U_SOFTPLUS,
+	U_MISH,
+	U_CELU,
+	U_THRESH,
+	U_LOGSIG,
+	U_LOGSIG_BUF,
 	U_FILL,
 	/* binary */
 	B_ADD,
@@ -349,7 +355,18 @@ enum {
 	T_TANH_BW,
 	T_SILU_BW,
 	T_HARDSWISH_BW,
-	T_HARDSIGMOID_BW
+	T_HARDSIGMOID_BW,
+	T_SOFTPLUS_BW,
+	T_MISH_BW,
+	T_LEAKY_BW,
+	T_LOGSIG_BW,
+	T_ELU_BW,
+	T_PRELU,
+	T_PRELU_GI,
+	T_PRELU_GW,
+	T_GLU,
+	T_GLU_GA,
+	T_GLU_GB
 };
 enum { CL_BOTH, CL_MIN, CL_MAX };
 enum { CV_TO_COPY, CV_CONVERT, CV_CLONE, CV_COPY };

@@ -133,6 +133,15 @@ static double pw_f(pw_t *pw, const double *x)
 	case U_ELU:
 		return a <= 0 ? (exp(a * pw->p[2]) - 1) * pw->p[0] * pw->p[1]
 			      : a * pw->p[1];
+	case U_SOFTPLUS:
+		return a * pw->p[0] > pw->p[1]
+			   ? a
+			   : log1p(exp(a * pw->p[0])) / pw->p[0];
+	case U_MISH: return a * tanh(log1p(exp(a)));
+	case U_CELU: return a > 0 ? a : pw->p[0] * expm1(a / pw->p[0]);
+	case U_THRESH: return a <= pw->p[0] ? pw->p[1] : a;
+	case U_LOGSIG: return fmin(a, 0) - log1p(exp(-fabs(a)));
+	case U_LOGSIG_BUF: return exp(-fabs(a));
 	case U_FILL: return b;
 	case B_ADD: return a + pw->p[0] * b;
 	case B_SUB: return a - pw->p[0] * b;
@@ -189,6 +198,36 @@ static double pw_f(pw_t *pw, const double *x)
 	}
 	case T_HARDSWISH_BW: return b <= -3 ? 0 : b < 3 ? a * (b / 3 + 0.5) : a;
 	case T_HARDSIGMOID_BW: return b > -3 && b < 3 ? a / 6 : 0;
+	case T_SOFTPLUS_BW: {
+		double z = exp(b * pw->p[0]);
+		return b * pw->p[0] > pw->p[1] ? a : a * z / (z + 1);
+	}
+	case T_MISH_BW: {
+		double sg = 1 / (1 + exp(-b)), ts = tanh(log1p(exp(b)));
+		return a * (ts + b * sg * (1 - ts * ts));
+	}
+	case T_LEAKY_BW: return b > 0 ? a : a * pw->p[0];
+	case T_LOGSIG_BW: {
+		double z = exp(-fabs(b));
+		return b < 0 ? a * (1 - z / (1 + z)) : a * (z / (1 + z));
+	}
+	case T_ELU_BW: {
+		/* p: alpha, scale, input_scale, is_result; b: self or result */
+		double neg = pw->p[0] * pw->p[1];
+		if (b > 0)
+			return a * pw->p[1];
+		return pw->p[3] != 0 ? a * pw->p[2] * (b + neg)
+				     : a * pw->p[2] * neg * exp(b * pw->p[2]);
+	}
+	case T_PRELU: return a > 0 ? a : b * a;
+	case T_PRELU_GI: return b > 0 ? a : x[2] * a;
+	case T_PRELU_GW: return b > 0 ? 0 : b * a;
+	case T_GLU: return a / (1 + exp(-b));
+	case T_GLU_GA: return a / (1 + exp(-x[2]));
+	case T_GLU_GB: {
+		double sg = 1 / (1 + exp(-x[2]));
+		return a * b * sg * (1 - sg);
+	}
 	default: return NAN;
 	}
 }
@@ -388,6 +427,9 @@ int kiln__op_unary(ictx_t *c, int code)
 	case U_HARDSIGMOID:
 	case U_LEAKY:
 	case U_ELU:
+	case U_SOFTPLUS:
+	case U_MISH:
+	case U_CELU:
 		if (!ki_isf(dt))
 			return kiln__i_bad(c, "takes a floating tensor, not %s",
 					   dn);
@@ -441,6 +483,20 @@ int kiln__op_unary(ictx_t *c, int code)
 		KI_TRY(kiln__i_num(c, 1, "alpha", false, 1, &pw.p[0]));
 		KI_TRY(kiln__i_num(c, 2, "scale", false, 1, &pw.p[1]));
 		KI_TRY(kiln__i_num(c, 3, "input_scale", false, 1, &pw.p[2]));
+	} else if (code == U_SOFTPLUS) {
+		KI_TRY(kiln__i_num(c, 1, "beta", false, 1, &pw.p[0]));
+		KI_TRY(kiln__i_num(c, 2, "threshold", false, 20, &pw.p[1]));
+		if (pw.p[0] == 0)
+			return kiln__i_bad(c, "beta must not be 0");
+	} else if (code == U_CELU) {
+		KI_TRY(kiln__i_num(c, 1, "alpha", false, 1, &pw.p[0]));
+		if (pw.p[0] == 0)
+			return kiln__i_bad(c, "alpha must not be 0");
+	} else if (code == U_THRESH) {
+		KI_TRY(kiln__i_num(c, 1, "threshold", true, 0, &pw.p[0]));
+		KI_TRY(kiln__i_num(c, 2, "value", true, 0, &pw.p[1]));
+		if (dt == KILN_DT_BOOL)
+			return kiln__i_bad(c, "does not take a bool tensor");
 	}
 	pw.fl = ki_isf(odt) || ki_isf(dt);
 	pw.rdt = opmath(to_float(dt));
@@ -669,6 +725,17 @@ int kiln__op_pw_backward(ictx_t *c, int code)
 	kiln_dtype_t ct = kiln__i_result_type(ops, 2);
 	if (code == T_THRESH_BW) {
 		KI_TRY(kiln__i_num(c, 2, "threshold", true, 0, &pw.p[0]));
+	} else if (code == T_SOFTPLUS_BW || code == T_LEAKY_BW) {
+		if (!ki_isf(ct))
+			return kiln__i_bad(c, "takes floating tensors");
+		if (code == T_SOFTPLUS_BW) {
+			KI_TRY(kiln__i_num(c, 2, "beta", true, 1, &pw.p[0]));
+			KI_TRY(
+			    kiln__i_num(c, 3, "threshold", true, 20, &pw.p[1]));
+		} else {
+			KI_TRY(kiln__i_num(c, 2, "negative_slope", true, 0.01,
+					   &pw.p[0]));
+		}
 	} else if (code == T_HARDTANH_BW) {
 		KI_TRY(kiln__i_num(c, 2, "min_val", false, -1, &pw.p[0]));
 		KI_TRY(kiln__i_num(c, 3, "max_val", false, 1, &pw.p[1]));
@@ -687,6 +754,145 @@ int kiln__op_pw_backward(ictx_t *c, int code)
 	pw.fl = ki_isf(ct);
 	pw.rdt = opmath(ct);
 	return pw_eval(c, &pw, 2, ops, ct, &c->out[0]);
+}
+
+/* log_sigmoid_forward(self) -> (output, buffer = exp(-|x|)), as torch's
+ * CPU kernel */
+int kiln__op_log_sigmoid(ictx_t *c, int code)
+{
+	(void)code;
+	it_t *x;
+	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
+	if (!ki_isf(x->dt))
+		return kiln__i_bad(c, "takes a floating tensor, not %s",
+				   kiln_dtype_name(x->dt));
+	pw_t pw = {.code = U_LOGSIG, .fl = true, .rdt = opmath(x->dt)};
+	KI_TRY(pw_eval(c, &pw, 1, &x, x->dt, &c->out[0]));
+	pw.code = U_LOGSIG_BUF;
+	return pw_eval(c, &pw, 1, &x, x->dt, &c->out[1]);
+}
+
+/* elu_backward(grad_output, alpha, scale, input_scale, is_result,
+ * self_or_result) */
+int kiln__op_elu_backward(ictx_t *c, int code)
+{
+	it_t *g, *x;
+	pw_t pw = {.code = code};
+	bool is_result;
+	KI_TRY(kiln__i_tensor(c, 0, "grad_output", &g));
+	KI_TRY(kiln__i_num(c, 1, "alpha", true, 1, &pw.p[0]));
+	KI_TRY(kiln__i_num(c, 2, "scale", true, 1, &pw.p[1]));
+	KI_TRY(kiln__i_num(c, 3, "input_scale", true, 1, &pw.p[2]));
+	KI_TRY(kiln__i_bool(c, 4, "is_result", false, &is_result));
+	KI_TRY(kiln__i_tensor(c, 5, "self_or_result", &x));
+	pw.p[3] = is_result;
+	it_t *ops[2] = {g, x};
+	kiln_dtype_t ct = kiln__i_result_type(ops, 2);
+	if (!ki_isf(ct))
+		return kiln__i_bad(c, "takes floating tensors");
+	pw.fl = true;
+	pw.rdt = opmath(ct);
+	return pw_eval(c, &pw, 2, ops, ct, &c->out[0]);
+}
+
+/* _prelu_kernel(self, weight) (code T_PRELU), and its backward
+ * _prelu_kernel_backward(grad_output, self, weight) -> (grad_self,
+ * grad_weight), both of the broadcast shape (code T_PRELU_GI) */
+int kiln__op_prelu(ictx_t *c, int code)
+{
+	bool bw = code != T_PRELU;
+	it_t *g = NULL, *x, *w;
+	if (bw)
+		KI_TRY(kiln__i_tensor(c, 0, "grad_output", &g));
+	KI_TRY(kiln__i_tensor(c, bw ? 1 : 0, "self", &x));
+	KI_TRY(kiln__i_tensor(c, bw ? 2 : 1, "weight", &w));
+	it_t *ops[3] = {g, x, w};
+	kiln_dtype_t ct = kiln__i_result_type(bw ? ops : ops + 1, bw ? 3 : 2);
+	if (!ki_isf(ct))
+		return kiln__i_bad(c, "takes floating tensors");
+	pw_t pw = {.code = code, .fl = true, .rdt = opmath(ct)};
+	if (!bw)
+		return pw_eval(c, &pw, 2, ops + 1, ct, &c->out[0]);
+	KI_TRY(pw_eval(c, &pw, 3, ops, ct, &c->out[0]));
+	pw.code = T_PRELU_GW;
+	return pw_eval(c, &pw, 3, ops, ct, &c->out[1]);
+}
+
+/* x's half h (0 or 1) along dim d, a view */
+static void half_view(const it_t *x, uint32_t d, int h, it_t *v)
+{
+	*v = *x;
+	v->size[d] = x->size[d] / 2;
+	v->off += h * v->size[d] * x->stride[d];
+}
+
+/* glu(self, dim) = a · sigmoid(b), a and b self's halves along dim
+ * (code T_GLU); glu_backward(grad_output, self, dim): the gradients of a
+ * and b side by side along dim (code T_GLU_GA) */
+int kiln__op_glu(ictx_t *c, int code)
+{
+	bool bw = code != T_GLU;
+	it_t *g = NULL, *x;
+	int64_t dim;
+	if (bw)
+		KI_TRY(kiln__i_tensor(c, 0, "grad_output", &g));
+	KI_TRY(kiln__i_tensor(c, bw ? 1 : 0, "self", &x));
+	KI_TRY(kiln__i_int(c, bw ? 2 : 1, "dim", -1, &dim));
+	if (!ki_isf(x->dt))
+		return kiln__i_bad(c, "takes a floating tensor, not %s",
+				   kiln_dtype_name(x->dt));
+	if (x->rank == 0)
+		return kiln__i_bad(c, "glu does not take a 0-dim tensor");
+	uint32_t d;
+	KI_TRY(kiln__i_dim(c, dim, x->rank, &d));
+	if (x->size[d] % 2 != 0)
+		return kiln__i_bad(c, "halving dim %u must be even, not %lld",
+				   d, (long long)x->size[d]);
+	it_t a, b;
+	half_view(x, d, 0, &a);
+	half_view(x, d, 1, &b);
+	pw_t pw = {.code = code, .fl = true, .rdt = opmath(x->dt)};
+	if (!bw) {
+		it_t *ops[2] = {&a, &b};
+		return pw_eval(c, &pw, 2, ops, x->dt, &c->out[0]);
+	}
+	for (uint32_t k = 0; k < x->rank; k++)
+		if (g->rank != x->rank ||
+		    g->size[k] != (k == d ? x->size[k] / 2 : x->size[k]))
+			return kiln__i_bad(c, "grad_output must be self's "
+					      "shape halved along dim");
+	it_t ga = {0}, gb = {0}, *ops[3] = {g, &a, &b};
+	KI_TRY(pw_eval(c, &pw, 3, ops, x->dt, &ga));
+	pw.code = T_GLU_GB;
+	int rc = pw_eval(c, &pw, 3, ops, x->dt, &gb);
+	double *fa = NULL, *fb = NULL, *out = NULL;
+	int64_t n = kiln__i_numel(x), inner = 1, outer = 1, h = x->size[d] / 2;
+	for (uint32_t k = d + 1; k < x->rank; k++)
+		inner *= x->size[k];
+	for (uint32_t k = 0; k < d; k++)
+		outer *= x->size[k];
+	if (rc == 0)
+		rc = kiln__i_to_f(c, &ga, &fa);
+	if (rc == 0)
+		rc = kiln__i_to_f(c, &gb, &fb);
+	if (rc == 0 &&
+	    (out = malloc((size_t)(n > 0 ? n : 1) * sizeof(double))) == NULL)
+		rc = kiln__i_oom(c);
+	for (int64_t o = 0; rc == 0 && o < outer; o++)
+		for (int64_t s = 0; s < 2 * h; s++)
+			memcpy(out + (o * 2 * h + s) * inner,
+			       s < h ? fa + (o * h + s) * inner
+				     : fb + (o * h + s - h) * inner,
+			       (size_t)inner * sizeof(double));
+	if (rc == 0)
+		rc =
+		    kiln__i_from_f(c, &c->out[0], x->dt, x->rank, x->size, out);
+	free(fa);
+	free(fb);
+	free(out);
+	kiln__i_release(&ga);
+	kiln__i_release(&gb);
+	return rc;
 }
 
 /* _to_copy, prims.convert_element_type, clone, copy */

@@ -194,6 +194,49 @@ def build_unary():
     case("elu", "params", lambda x: A.elu.default(x, 1.5, 1.0507, 0.5), T(U(4, 3)))
     case("elu", "empty", A.elu.default, U(0, 2))
     case("elu", "f64", A.elu.default, U(5, dt=f64))
+    # the rest of the activations (ops_act.c), past their thresholds too
+    seed("act_more")
+    case("softplus", "default", A.softplus.default, U(3, 4, lo=-30, hi=30))
+    case("softplus", "beta_thresh", lambda x: A.softplus.default(x, 2.0, 5.0), T(U(4, 3, lo=-5, hi=5)))
+    case("softplus", "bf16", A.softplus.default, U(6, lo=-4, hi=4, dt=bf16))
+    case("mish", "default", A.mish.default, U(3, 4, lo=-8, hi=8))
+    case("mish", "f64", A.mish.default, U(5, lo=-40, hi=40, dt=f64))
+    case("celu", "default", A.celu.default, U(3, 4))
+    case("celu", "alpha", lambda x: A.celu.default(x, 0.5), T(U(4, 3)))
+    case("threshold", "default", lambda x: A.threshold.default(x, 0.1, 20.0), U(3, 4))
+    case("threshold", "f64", lambda x: A.threshold.default(x, -0.5, -1.0), U(7, dt=f64))
+    case("log_sigmoid_forward", "default", A.log_sigmoid_forward.default, U(3, 4, lo=-30, hi=30))
+    case("log_sigmoid_forward", "f64_t", A.log_sigmoid_forward.default, T(U(4, 3, dt=f64)))
+    case("_prelu_kernel", "channels", A._prelu_kernel.default, U(2, 3, 4), U(3, 1))
+    case("_prelu_kernel", "one", A._prelu_kernel.default, U(5, 4), U(1, 1))
+    case("glu", "last", A.glu.default, U(3, 8))
+    case("glu", "dim1", lambda x: A.glu.default(x, 1), U(2, 6, 3))
+    case("glu", "f64_neg", lambda x: A.glu.default(x, -2), U(4, 2, 5, dt=f64))
+    case("sgn", "f32", A.sgn.default, SMALL(8))
+    case("sgn", "i64", A.sgn.default, I(6))
+    seed("act_more_bw")
+    case("softplus_backward", "default", lambda g, x: A.softplus_backward.default(g, x, 1.0, 20.0),
+         U(3, 4), U(3, 4, lo=-30, hi=30))
+    case("softplus_backward", "beta", lambda g, x: A.softplus_backward.default(g, x, 2.0, 5.0),
+         U(6), U(6, lo=-5, hi=5))
+    case("mish_backward", "default", A.mish_backward.default, U(3, 4), U(3, 4, lo=-8, hi=8))
+    case("mish_backward", "f64", A.mish_backward.default, U(5, dt=f64), U(5, lo=-40, hi=40, dt=f64))
+    case("leaky_relu_backward", "default", lambda g, x: A.leaky_relu_backward.default(g, x, 0.2, False),
+         U(3, 4), U(3, 4))
+    case("leaky_relu_backward", "bcast", lambda g, x: A.leaky_relu_backward.default(g, x, 0.01, False),
+         U(3, 4), U(4))
+    case("log_sigmoid_backward", "default",
+         lambda g, x: A.log_sigmoid_backward.default(g, x, torch.exp(-x.abs())), U(3, 4), U(3, 4, lo=-30, hi=30))
+    case("elu_backward", "input", lambda g, x: A.elu_backward.default(g, 1.0, 1.0, 1.0, False, x), U(3, 4), U(3, 4))
+    case("elu_backward", "selu_result",
+         lambda g, y: A.elu_backward.default(g, 1.6732632423543772, 1.0507009873554805, 1.0, True, y), U(3, 4),
+         A.selu.default(U(3, 4)))
+    case("elu_backward", "celu_f64", lambda g, x: A.elu_backward.default(g, 0.5, 1.0, 2.0, False, x),
+         U(5, dt=f64), U(5, dt=f64))
+    case("_prelu_kernel_backward", "channels", A._prelu_kernel_backward.default, U(2, 3, 4), U(2, 3, 4), U(3, 1))
+    case("_prelu_kernel_backward", "one", A._prelu_kernel_backward.default, U(5, 4), U(5, 4), U(1, 1))
+    case("glu_backward", "last", lambda g, x: A.glu_backward.default(g, x, -1), U(3, 4), U(3, 8))
+    case("glu_backward", "dim1", lambda g, x: A.glu_backward.default(g, x, 1), U(2, 3, 3), U(2, 6, 3))
     seed("logical_not")
     case("logical_not", "bool", A.logical_not.default, B(3, 4))
     case("logical_not", "f32", A.logical_not.default, SMALL(6))
@@ -1618,6 +1661,14 @@ def bad_cases():
                                    [node("aten.convolution.default", [R0, R1, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1],
                                          [spec("f32", [1, 3, 4, 4])])], [{"ref": 2}]),
            [zeros_entry("f32", [1, 2, 4, 4]), zeros_entry("f32", [3, 3, 1, 1])], "invalid_graph", "do not fit groups")
+    # the activations of ops_act.c with arguments torch refuses
+    yield ("act_softplus_beta0", graph1([f23], [node("aten.softplus.default", [R0, 0.0, 20.0], [f23])], [R1]),
+           [z23], "invalid_graph", "beta must not be 0")
+    yield ("act_glu_odd", graph1([spec("f32", [3, 5])], [node("aten.glu.default", [R0, -1], [spec("f32", [3, 2])])],
+                                 [R1]),
+           [zeros_entry("f32", [3, 5])], "invalid_graph", "halving dim 1 must be even, not 5")
+    yield ("act_mish_int", graph1([spec("i64", [4])], [node("aten.mish.default", [R0], [spec("i64", [4])])], [R1]),
+           [zeros_entry("i64", [4])], "invalid_graph", "takes a floating tensor, not i64")
     yield ("conv3d_channels", graph1([spec("f32", [1, 4, 3, 4, 4]), spec("f32", [2, 3, 1, 1, 1])],
                                      [node("aten.convolution.default",
                                            [R0, R1, None, [1, 1, 1], [0, 0, 0], [1, 1, 1], False, [0, 0, 0], 1],

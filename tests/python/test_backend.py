@@ -495,6 +495,37 @@ def test_norms_slice_assignments_triu_and_lerp_compile_without_torch_steps():
     _no_fallback()
 
 
+class _ActsNet(nn.Module):
+    """Every activation ops_act.c lowers, each after a linear layer:
+    softplus (past its threshold too), mish, leaky_relu, elu, selu, celu,
+    logsigmoid, glu, prelu (per channel), softsign (sgn in its backward)
+    and threshold."""
+
+    def __init__(self):
+        super().__init__()
+        acts = [nn.Softplus(beta=2.0, threshold=3.0), nn.Mish(), nn.LeakyReLU(0.2), nn.ELU(),
+                nn.SELU(), nn.CELU(0.5), nn.LogSigmoid(), nn.Softsign(), nn.Threshold(0.1, -1.0)]
+        self.lins = nn.ModuleList([nn.Linear(16, 16) for _ in acts])
+        self.acts = nn.ModuleList(acts)
+        self.pre = nn.Linear(16, 32)
+        self.prelu = nn.PReLU(16)
+
+    def forward(self, x):
+        for lin, act in zip(self.lins, self.acts):
+            x = act(lin(x) * 3)
+        return self.prelu(nn.functional.glu(self.pre(x), -1))
+
+
+def test_activations_and_their_backward_compile_without_torch_steps():
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    _train_like_eager(_ActsNet(), (_x(23, 8, 16),))
+    ops = [o for r in kb.records() for o in r["fallback_ops"]]
+    assert not ops, ops
+    _no_fallback()
+
+
 class _WeightNormNet(nn.Module):
     """wav2vec2's positional convolution in small (weight norm over the
     kernel's last dim, dim=2) and a weight-normed linear (dim=0)."""

@@ -6294,3 +6294,16 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 	}
 	kiln_compiler_free(kc);
 }
+
+/* The activations of ops_act.c with arguments torch refuses (softplus with
+ * beta 0, glu along an odd size, mish of an integer tensor;
+ * tests/data/bad/act_*): rejected as the interpreter rejects them. */
+Test(compile, activation_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"act_softplus_beta0", "beta must not be 0"},
+	    {"act_glu_odd", "halving dim 1 must be even, not 5"},
+	    {"act_mish_int", "takes a floating tensor, not i64"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}

@@ -114,6 +114,9 @@ int lnorm(lnode_t *n, const lt_t *x, uint32_t nn, const lt_t *w, const lt_t *b,
 
 /* gelu of a float scalar expression (ops_pointwise.c). */
 const sx_t *sx_gelu(cctx_t *c, const sx_t *x, bool tanh_approx);
+/* elu(v): v·scale where v > 0, else alpha·scale·expm1(v·input_scale) */
+const sx_t *sx_elu(cctx_t *c, const sx_t *v, double alpha, double scale,
+		   double iscale, kiln_dtype_t dt);
 
 /* Whether value dv is declared dense channels-last; whether t (of dv's
  * sizes) is computed channels-last: the graph computes so (cctx_t.nhwc),

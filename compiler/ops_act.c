@@ -6,7 +6,7 @@
  *     exp(x·beta) (grad where x·beta > threshold)
  *   mish(x) = x · tanh(log1p(exp(x))); its backward grad · (t + x · σ(x) ·
  *     (1 - t²)), t = tanh(log1p(exp(x)))
- *   celu(x, alpha) = x where x > 0, else alpha · expm1(x / alpha)
+ *   celu(x, alpha) = elu(x, alpha, 1, 1/alpha), as torch calls it
  *   threshold(x, threshold, value) = value where x <= threshold, else x
  *   log_sigmoid_forward(x) = (min(x, 0) - log1p(z), z), z = exp(-|x|); its
  *     backward grad · (1 - z/(1 + z)) where x < 0, else grad · z/(1 + z)
@@ -56,6 +56,23 @@ static int act_out(lnode_t *n, uint32_t k, uint32_t rank,
 {
 	kiln_dtype_t odt = out_dtype(n, k, dt);
 	return lset(n, k, lt_fn(n->c, odt, rank, sizes, sx_cast(n->c, r, odt)));
+}
+
+/* grad_output g and a tensor x broadcast together: their bodies in the
+ * compute dtype *acc of their promoted dtype. */
+static int bcast_gx(lnode_t *n, lt_t *g, lt_t *x, uint32_t *r,
+		    kiln_dim_t *sizes, kiln_dtype_t *acc, const sx_t **gb,
+		    const sx_t **xb)
+{
+	cctx_t *c = n->c;
+	operand_t ops[2] = {{NULL, g}, {NULL, x}};
+	int rc = lbroadcast(n, ops, 2, r, sizes);
+	if (rc != 0)
+		return rc;
+	*acc = compute_dtype(promote2(g->dtype, x->dtype));
+	*gb = sx_cast(c, lt_bcast_body(c, g, *r, sizes), *acc);
+	*xb = sx_cast(c, lt_bcast_body(c, x, *r, sizes), *acc);
+	return 0;
 }
 
 static const sx_t *sigmoid(cctx_t *c, const sx_t *v)
@@ -113,13 +130,7 @@ int low_act(cctx_t *c, lnode_t *n)
 	case 1:
 		r = sx_bin(c, OP_MUL, v, sx_un(c, OP_TANH, log1p_exp(c, v)));
 		break;
-	case 2:
-		r = sx_where(
-		    c, sx_bin(c, OP_GT, v, zero), v,
-		    sx_bin(c, OP_MUL, sxf(c, p0, acc),
-			   sx_un(c, OP_EXPM1,
-				 sx_bin(c, OP_DIV, v, sxf(c, p0, acc)))));
-		break;
+	case 2: r = sx_elu(c, v, p0, 1.0, 1.0 / p0, acc); break;
 	case 3:
 		r = sx_where(c, sx_bin(c, OP_LE, v, sxf(c, p0, acc)),
 			     sxf(c, p1, acc), v);
@@ -154,17 +165,13 @@ int low_act_backward(cctx_t *c, lnode_t *n)
 	} else if (rc == 0 && n->param == 2) {
 		rc = lfloat(n, 2, "negative_slope", 0.01, &p0);
 	}
-	if (rc != 0)
-		return rc;
-	operand_t ops[2] = {{NULL, g}, {NULL, x}};
 	uint32_t r;
 	kiln_dim_t sizes[CIR_MAX_RANK];
-	rc = lbroadcast(n, ops, 2, &r, sizes);
+	const sx_t *gb, *xb;
+	if (rc == 0)
+		rc = bcast_gx(n, g, x, &r, sizes, &acc, &gb, &xb);
 	if (rc != 0)
 		return rc;
-	acc = compute_dtype(promote2(g->dtype, x->dtype));
-	const sx_t *gb = sx_cast(c, lt_bcast_body(c, g, r, sizes), acc);
-	const sx_t *xb = sx_cast(c, lt_bcast_body(c, x, r, sizes), acc);
 	const sx_t *one = sxf(c, 1, acc), *zero = sxf(c, 0, acc), *v;
 	switch (n->param) {
 	case 0: {
@@ -222,17 +229,13 @@ int low_elu_backward(cctx_t *c, lnode_t *n)
 		rc = lbool(n, 4, "is_result", false, &is_result);
 	if (rc == 0)
 		rc = act_in(n, 5, "self_or_result", &x, &xacc);
-	if (rc != 0)
-		return rc;
-	operand_t ops[2] = {{NULL, g}, {NULL, x}};
 	uint32_t r;
 	kiln_dim_t sizes[CIR_MAX_RANK];
-	rc = lbroadcast(n, ops, 2, &r, sizes);
+	const sx_t *gb, *xb;
+	if (rc == 0)
+		rc = bcast_gx(n, g, x, &r, sizes, &acc, &gb, &xb);
 	if (rc != 0)
 		return rc;
-	acc = compute_dtype(promote2(g->dtype, x->dtype));
-	const sx_t *gb = sx_cast(c, lt_bcast_body(c, g, r, sizes), acc);
-	const sx_t *xb = sx_cast(c, lt_bcast_body(c, x, r, sizes), acc);
 	const sx_t *neg =
 	    is_result
 		? sx_bin(c, OP_ADD, xb, sxf(c, alpha * scale, acc))

@@ -203,6 +203,16 @@ int low_leaky_relu(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_fn(c, dt, x->rank, x->sizes, r));
 }
 
+const sx_t *sx_elu(cctx_t *c, const sx_t *v, double alpha, double scale,
+		   double iscale, kiln_dtype_t dt)
+{
+	const sx_t *neg = sx_bin(
+	    c, OP_MUL, sxf(c, alpha * scale, dt),
+	    sx_un(c, OP_EXPM1, sx_bin(c, OP_MUL, v, sxf(c, iscale, dt))));
+	return sx_where(c, sx_bin(c, OP_GT, v, sxf(c, 0, dt)),
+			sx_bin(c, OP_MUL, v, sxf(c, scale, dt)), neg);
+}
+
 int low_elu(cctx_t *c, lnode_t *n)
 {
 	lt_t *x;
@@ -217,13 +227,9 @@ int low_elu(cctx_t *c, lnode_t *n)
 	if (rc != 0)
 		return rc;
 	kiln_dtype_t dt = x->dtype;
-	const sx_t *v = lt_body(c, x);
-	const sx_t *neg = sx_bin(
-	    c, OP_MUL, sxf(c, alpha * scale, dt),
-	    sx_un(c, OP_EXPM1, sx_bin(c, OP_MUL, v, sxf(c, iscale, dt))));
-	const sx_t *r = sx_where(c, sx_bin(c, OP_GT, v, sxf(c, 0, dt)),
-				 sx_bin(c, OP_MUL, v, sxf(c, scale, dt)), neg);
-	return lset(n, 0, lt_fn(c, dt, x->rank, x->sizes, r));
+	return lset(n, 0,
+		    lt_fn(c, dt, x->rank, x->sizes,
+			  sx_elu(c, lt_body(c, x), alpha, scale, iscale, dt)));
 }
 
 int low_hardtanh(cctx_t *c, lnode_t *n)

@@ -5978,62 +5978,80 @@ Test(compile, convolution_bad_arguments)
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
-/* y = conv_transpose2d(x, w, b) and its backward (convolution_backward
- * with transposed true, grad_output gy, every gradient asked for) in one
- * graph: outputs y, grad_input, grad_weight, grad_bias. */
-static kiln_graph_t *tconv_graph(const char *dt, const int64_t *x4,
-				 const int64_t *w4, const int64_t *st,
-				 const int64_t *pd, const int64_t *op,
-				 int64_t G)
+/* A list of n ints. */
+static void ints_n(gb_t *b, const int64_t *v, uint32_t n)
 {
-	int64_t Co = w4[1] * G, y4[4] = {x4[0], Co, 0, 0};
-	for (int k = 0; k < 2; k++)
-		y4[2 + k] =
-		    (x4[2 + k] - 1) * st[k] - 2 * pd[k] + w4[2 + k] + op[k];
-	const int64_t b1[1] = {Co}, one2[2] = {1, 1};
+	msgpack_pack_array(&b->pk, n);
+	for (uint32_t k = 0; k < n; k++)
+		msgpack_pack_int64(&b->pk, v[k]);
+}
+
+/* y = a convolution of x by w plus b over nd spatial dims (transposed or
+ * not; output_padding op for a transposed one) and its backward
+ * (convolution_backward, every gradient asked for) in one graph:
+ * outputs y, grad_input, grad_weight, grad_bias. */
+static kiln_graph_t *conv_fwd_bwd_graph(const char *dt, uint32_t nd,
+					const int64_t *xs, const int64_t *ws,
+					const int64_t *st, const int64_t *pd,
+					const int64_t *op, int64_t G,
+					bool transposed)
+{
+	uint32_t r = nd + 2;
+	int64_t Co = transposed ? ws[1] * G : ws[0], ys[5] = {xs[0], Co};
+	for (uint32_t k = 0; k < nd; k++)
+		ys[2 + k] =
+		    transposed
+			? (xs[2 + k] - 1) * st[k] - 2 * pd[k] + ws[2 + k] +
+			      op[k]
+			: (xs[2 + k] + 2 * pd[k] - ws[2 + k]) / st[k] + 1;
+	const int64_t b1[1] = {Co}, one3[3] = {1, 1, 1};
 	gb_t b;
 	gb_init(&b);
 	graph_head(&b, 4);
-	spec4(&b, dt, x4);
-	spec4(&b, dt, w4);
+	specn(&b, dt, xs, r);
+	specn(&b, dt, ws, r);
 	specn(&b, dt, b1, 1);
-	spec4(&b, dt, y4);
+	specn(&b, dt, ys, r);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2);
-	node_head(&b, "aten.convolution.default", 9); /* value 4 */
-	ref(&b, 0);
-	ref(&b, 1);
-	ref(&b, 2);
-	ints2(&b, st);
-	ints2(&b, pd);
-	ints2(&b, one2);
-	msgpack_pack_true(&b.pk);
-	ints2(&b, op);
-	msgpack_pack_int64(&b.pk, G);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 1);
-	spec4(&b, dt, y4);
-	node_head(&b, "aten.convolution_backward.default", 11); /* 5, 6, 7 */
-	ref(&b, 3);
-	ref(&b, 0);
-	ref(&b, 1);
-	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_int64(&b.pk, Co);
-	ints2(&b, st);
-	ints2(&b, pd);
-	ints2(&b, one2);
-	msgpack_pack_true(&b.pk);
-	ints2(&b, op);
-	msgpack_pack_int64(&b.pk, G);
-	msgpack_pack_array(&b.pk, 3);
-	for (int k = 0; k < 3; k++)
-		msgpack_pack_true(&b.pk);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 3);
-	spec4(&b, dt, x4);
-	spec4(&b, dt, w4);
-	specn(&b, dt, b1, 1);
-	return end_graph(&b, 4, 4, "transposed convolution");
+	for (int bw = 0; bw < 2; bw++) {
+		node_head(&b,
+			  bw ? "aten.convolution_backward.default"
+			     : "aten.convolution.default",
+			  bw ? 11 : 9);
+		if (bw)
+			ref(&b, 3);
+		ref(&b, 0);
+		ref(&b, 1);
+		if (bw)
+			ints_n(&b, b1, 1);
+		else
+			ref(&b, 2);
+		ints_n(&b, st, nd);
+		ints_n(&b, pd, nd);
+		ints_n(&b, one3, nd);
+		if (transposed)
+			msgpack_pack_true(&b.pk);
+		else
+			msgpack_pack_false(&b.pk);
+		ints_n(&b, op, nd);
+		msgpack_pack_int64(&b.pk, G);
+		if (bw) {
+			msgpack_pack_array(&b.pk, 3);
+			for (int k = 0; k < 3; k++)
+				msgpack_pack_true(&b.pk);
+		}
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, bw ? 3 : 1);
+		if (!bw) {
+			specn(&b, dt, ys, r); /* value 4 */
+			continue;
+		}
+		specn(&b, dt, xs, r); /* values 5, 6, 7 */
+		specn(&b, dt, ws, r);
+		specn(&b, dt, b1, 1);
+	}
+	return end_graph(&b, 4, 4, "convolution and its backward");
 }
 
 /* Transposed convolutions, forward and backward, are kernels (no fallback
@@ -6062,9 +6080,9 @@ Test(lowering, transposed_convolutions_are_kernels, .timeout = 300)
 			 (long long)cases[i].x4[0], (long long)cases[i].x4[1],
 			 (long long)cases[i].x4[2], (long long)cases[i].x4[3],
 			 (long long)cases[i].w4[2]);
-		kiln_graph_t *g = tconv_graph(
-		    cases[i].dt, cases[i].x4, cases[i].w4, cases[i].st,
-		    cases[i].pd, cases[i].op, cases[i].G);
+		kiln_graph_t *g = conv_fwd_bwd_graph(
+		    cases[i].dt, 2, cases[i].x4, cases[i].w4, cases[i].st,
+		    cases[i].pd, cases[i].op, cases[i].G, true);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "fallback", false, what);
 		expect_report_has(kc, g, "BLAS", true, what);
@@ -6175,69 +6193,6 @@ Test(dynamic, symbolic_fallbacks_are_counted)
 	kiln_compiler_free(kc);
 }
 
-static void ints3(gb_t *b, const int64_t *v)
-{
-	msgpack_pack_array(&b->pk, 3);
-	for (int k = 0; k < 3; k++)
-		msgpack_pack_int64(&b->pk, v[k]);
-}
-
-/* y = conv3d(x, w, b) and its backward (every gradient) in one graph:
- * outputs y, grad_input, grad_weight, grad_bias. */
-static kiln_graph_t *conv3d_graph(const char *dt, const int64_t *x5,
-				  const int64_t *w5, const int64_t *st,
-				  const int64_t *pd, int64_t G)
-{
-	int64_t y5[5] = {x5[0], w5[0], 0, 0, 0};
-	for (int k = 0; k < 3; k++)
-		y5[2 + k] = (x5[2 + k] + 2 * pd[k] - w5[2 + k]) / st[k] + 1;
-	const int64_t b1[1] = {w5[0]}, one3[3] = {1, 1, 1},
-		      zero3[3] = {0, 0, 0};
-	gb_t b;
-	gb_init(&b);
-	graph_head(&b, 4);
-	specn(&b, dt, x5, 5);
-	specn(&b, dt, w5, 5);
-	specn(&b, dt, b1, 1);
-	specn(&b, dt, y5, 5);
-	s(&b, "nodes");
-	msgpack_pack_array(&b.pk, 2);
-	node_head(&b, "aten.convolution.default", 9); /* value 4 */
-	ref(&b, 0);
-	ref(&b, 1);
-	ref(&b, 2);
-	ints3(&b, st);
-	ints3(&b, pd);
-	ints3(&b, one3);
-	msgpack_pack_false(&b.pk);
-	ints3(&b, zero3);
-	msgpack_pack_int64(&b.pk, G);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 1);
-	specn(&b, dt, y5, 5);
-	node_head(&b, "aten.convolution_backward.default", 11); /* 5, 6, 7 */
-	ref(&b, 3);
-	ref(&b, 0);
-	ref(&b, 1);
-	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_int64(&b.pk, w5[0]);
-	ints3(&b, st);
-	ints3(&b, pd);
-	ints3(&b, one3);
-	msgpack_pack_false(&b.pk);
-	ints3(&b, zero3);
-	msgpack_pack_int64(&b.pk, G);
-	msgpack_pack_array(&b.pk, 3);
-	for (int k = 0; k < 3; k++)
-		msgpack_pack_true(&b.pk);
-	s(&b, "out");
-	msgpack_pack_array(&b.pk, 3);
-	specn(&b, dt, x5, 5);
-	specn(&b, dt, w5, 5);
-	specn(&b, dt, b1, 1);
-	return end_graph(&b, 4, 4, "3-d convolution");
-}
-
 /* 3-d convolutions, forward and backward, are kernels (no fallback step):
  * the 2-d convolution over (H, W) with the depth taps that read the input
  * folded into the channels, its products through BLAS or kiln's templates.
@@ -6274,15 +6229,16 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 	     2,
 	     NULL},
 	};
+	static const int64_t zero3[3] = {0, 0, 0};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char what[96];
 		snprintf(what, sizeof(what), "%s [%lld, %lld, %lld, ..] k%lld",
 			 cases[i].dt, (long long)cases[i].x5[0],
 			 (long long)cases[i].x5[1], (long long)cases[i].x5[2],
 			 (long long)cases[i].w5[2]);
-		kiln_graph_t *g =
-		    conv3d_graph(cases[i].dt, cases[i].x5, cases[i].w5,
-				 cases[i].st, cases[i].pd, cases[i].G);
+		kiln_graph_t *g = conv_fwd_bwd_graph(
+		    cases[i].dt, 3, cases[i].x5, cases[i].w5, cases[i].st,
+		    cases[i].pd, zero3, cases[i].G, false);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "fallback", false, what);
 		if (cases[i].k != NULL) /* the folded product's depth */

@@ -262,6 +262,7 @@ static int64_t pw_i(pw_t *pw, const int64_t *x)
 	case U_NEG: return WSUB(0, a);
 	case U_RELU: return a > 0 ? a : 0;
 	case U_SIGN: return a > 0 ? 1 : a < 0 ? -1 : 0;
+	case U_THRESH: return (double)a <= pw->p[0] ? (int64_t)pw->p[1] : a;
 	case U_FLOOR:
 	case U_CEIL:
 	case U_ROUND:

@@ -92,7 +92,15 @@ int low_act(cctx_t *c, lnode_t *n)
 {
 	lt_t *x;
 	kiln_dtype_t acc = KILN_DT_F32;
-	int rc = act_in(n, 0, "self", &x, &acc);
+	/* threshold takes integer tensors too (torch's does): those stay a
+	 * fallback step */
+	int rc = n->param == 3 ? ltensor(n, 0, "self", &x) : 0;
+	if (rc == 0 && n->param == 3 && !kiln_dtype_is_float(x->dtype))
+		return lerr(n, KILN_EUNSUPOP,
+			    "threshold of a %s tensor is not lowered",
+			    kiln_dtype_name(x->dtype));
+	if (rc == 0)
+		rc = act_in(n, 0, "self", &x, &acc);
 	double p0 = 1, p1 = 20;
 	if (rc == 0 && n->param == 0) {
 		rc = lfloat(n, 1, "beta", 1.0, &p0);

@@ -205,6 +205,7 @@ def build_unary():
     case("celu", "alpha", lambda x: A.celu.default(x, 0.5), T(U(4, 3)))
     case("threshold", "default", lambda x: A.threshold.default(x, 0.1, 20.0), U(3, 4))
     case("threshold", "f64", lambda x: A.threshold.default(x, -0.5, -1.0), U(7, dt=f64))
+    case("threshold", "i64", lambda x: A.threshold.default(x, 0, 5), I(6))
     case("log_sigmoid_forward", "default", A.log_sigmoid_forward.default, U(3, 4, lo=-30, hi=30))
     case("log_sigmoid_forward", "f64_t", A.log_sigmoid_forward.default, T(U(4, 3, dt=f64)))
     case("_prelu_kernel", "channels", A._prelu_kernel.default, U(2, 3, 4), U(3, 1))

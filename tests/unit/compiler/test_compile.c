@@ -220,6 +220,7 @@ Test(compile, op_cases, .timeout = 900)
 	    "native_dropout/p0",
 	    "native_dropout/p1",
 	    "scatter_reduce/mean_i64", /* integer scatter_reduce */
+	    "threshold/i64",	       /* integer threshold */
 	};
 	kiln_compiler_t *kc = new_compiler();
 	char **files;

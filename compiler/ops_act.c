@@ -116,8 +116,8 @@ int low_act(cctx_t *c, lnode_t *n)
 		const kiln_arg_t *t = larg(n, 1, "threshold"),
 				 *v = larg(n, 2, "value");
 		if (t == NULL || v == NULL)
-			rc = lerr(n, KILN_EINVGRAPH,
-				  "threshold and value are required");
+			rc = lerr(n, KILN_EINVGRAPH, "%s: missing number",
+				  t == NULL ? "threshold" : "value");
 		if (rc == 0)
 			rc = lfloat(n, 1, "threshold", 0, &p0);
 		if (rc == 0)

@@ -1668,6 +1668,12 @@ def bad_cases():
     yield ("act_glu_odd", graph1([spec("f32", [3, 5])], [node("aten.glu.default", [R0, -1], [spec("f32", [3, 2])])],
                                  [R1]),
            [zeros_entry("f32", [3, 5])], "invalid_graph", "halving dim 1 must be even, not 5")
+    yield ("act_threshold_no_value", graph1([f23], [node("aten.threshold.default", [R0, 0.5], [f23])], [R1]),
+           [z23], "invalid_graph", "value: missing number")
+    yield ("act_glu_bw_shape", graph1([f23, spec("f32", [2, 8])],
+                                      [node("aten.glu_backward.default", [R0, R1, -1], [spec("f32", [2, 8])])],
+                                      [{"ref": 2}]),
+           [z23, zeros_entry("f32", [2, 8])], "invalid_graph", "grad_output must be self's shape halved along dim")
     yield ("act_mish_int", graph1([spec("i64", [4])], [node("aten.mish.default", [R0], [spec("i64", [4])])], [R1]),
            [zeros_entry("i64", [4])], "invalid_graph", "takes a floating tensor, not i64")
     yield ("conv3d_channels", graph1([spec("f32", [1, 4, 3, 4, 4]), spec("f32", [2, 3, 1, 1, 1])],

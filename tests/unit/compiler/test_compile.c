@@ -6253,7 +6253,8 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 }
 
 /* The activations of ops_act.c with arguments torch refuses (softplus with
- * beta 0, glu along an odd size, mish of an integer tensor;
+ * beta 0, glu along an odd size, mish of an integer tensor, threshold
+ * without its value, glu_backward's grad_output not half of self;
  * tests/data/bad/act_*): rejected as the interpreter rejects them. */
 Test(compile, activation_bad_arguments)
 {
@@ -6261,6 +6262,9 @@ Test(compile, activation_bad_arguments)
 	    {"act_softplus_beta0", "beta must not be 0"},
 	    {"act_glu_odd", "halving dim 1 must be even, not 5"},
 	    {"act_mish_int", "takes a floating tensor, not i64"},
+	    {"act_threshold_no_value", "value: missing number"},
+	    {"act_glu_bw_shape",
+	     "grad_output must be self's shape halved along dim"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

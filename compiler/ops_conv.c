@@ -1113,6 +1113,18 @@ static const sx_t *bw_taps(cctx_t *c, const conv_t *cv, int64_t OH, int64_t OW,
  * keep the product per image (their sums in the order they had). */
 #define CONV_BW_ONE_MIN (1 << 18)
 
+/* Whether grad_weight [O, CKK] = gO @ colᵀ is computed as its transpose,
+ * col @ gOᵀ [CKK, O], read back transposed: where O is a few rows and CKK
+ * many, OpenBLAS's sgemm of O rows runs at half speed (one thread: [16 x
+ * 4096] @ [4096 x 288] 1.18 ms, its transpose 0.56; 32 x 576 at K 1024
+ * 0.78 -> 0.44; from 64 rows on the two are even). U-Net's 3x3 32 -> 16
+ * at 64², batch 2: its weight gradient's products 1.28-1.37 -> 0.55-0.66
+ * ms (kilnc --profile). */
+static bool bw_weight_swap(int64_t O, int64_t CKK)
+{
+	return O <= 32 && CKK >= 2 * O;
+}
+
 /* grad_weight [O, CKK] = gO2 (O x N·OHW) @ colK^T (N·OHW x CKK): one
  * product whose K is the batch's positions. go3: grad_output [N, O,
  * OHW]. */
@@ -1129,13 +1141,26 @@ static int bw_weight_one(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *go2,
 	int rc = batch_cols(n, x, cv, acc, dims, &col);
 	if (rc != 0)
 		return rc;
-	/* per group g: gO2[g] (Og x N·OHW) @ col[g]ᵀ (N·OHW x Cg·KH·KW) */
+	/* per group g: gO2[g] (Og x N·OHW) @ col[g]ᵀ (N·OHW x Cg·KH·KW), or
+	 * its transpose (bw_weight_swap) read back transposed */
 	static const uint32_t t2[2] = {1, 0}, t3[3] = {0, 2, 1};
-	lt_t *colt = lt_permute(c, col, G > 1 ? t3 : t2);
+	const uint32_t *tr = G > 1 ? t3 : t2;
 	lt_t *gg = per_group(c, go2, G), *p;
-	if (colt == NULL || gg == NULL)
+	if (gg == NULL)
 		return -ENOMEM;
-	rc = lgemm(n, gg, colt, acc, &p);
+	if (bw_weight_swap(O / G, col->sizes[G > 1 ? 1 : 0].c)) {
+		lt_t *ggt = lt_permute(c, gg, tr);
+		if (ggt == NULL)
+			return -ENOMEM;
+		rc = lgemm(n, col, ggt, acc, &p);
+		if (rc == 0 && (p = lt_permute(c, p, tr)) == NULL)
+			rc = -ENOMEM;
+	} else {
+		lt_t *colt = lt_permute(c, col, tr);
+		if (colt == NULL)
+			return -ENOMEM;
+		rc = lgemm(n, gg, colt, acc, &p);
+	}
 	if (rc != 0 || G == 1) {
 		*gw = p;
 		return rc;
@@ -1184,9 +1209,23 @@ static int bw_weight_per_image(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *go3,
 	if (colT == NULL)
 		return -ENOMEM;
 	lt_t *p;
-	rc = lgemm(n, go3, colT, acc, &p); /* [N, O, CKK] */
-	if (rc != 0)
-		return rc;
+	if (bw_weight_swap(go3->sizes[1].c, CKK)) {
+		/* [N, CKK, O] = col @ gOᵀ, summed as [N, O, CKK] */
+		const uint32_t t3[3] = {0, 2, 1};
+		lt_t *goT = lt_permute(c, go3, t3);
+		if (goT == NULL)
+			return -ENOMEM;
+		rc = lgemm(n, col3, goT, acc, &p);
+		if (rc != 0)
+			return rc;
+		p = lt_permute(c, p, t3);
+		if (p == NULL)
+			return -ENOMEM;
+	} else {
+		rc = lgemm(n, go3, colT, acc, &p); /* [N, O, CKK] */
+		if (rc != 0)
+			return rc;
+	}
 	return lred(n, p, 1u, false, RED_SUM, acc, gw);
 }
 
@@ -1668,6 +1707,100 @@ static int conv_grad_bias(lnode_t *n, lt_t *go, kiln_dtype_t acc, lt_t **gb)
 
 /* The backward of the convolution of x0 by w0 given grad_output go0: the
  * gradients mask asks for, as outputs 0-2 of n (or in capture). */
+/* Whether grad_input of a convolution (2-d form, cv after conv_as2d) is
+ * taken as a forward convolution (bw_input_forward): groups == 1, stride
+ * 1, more than one tap, a padding of at most the dilated kernel's reach,
+ * f32 with the GEMM template (the forward's implicit and tiled forms). */
+static bool bw_input_forward_ok(cctx_t *c, const lnode_t *n, const conv_t *cv,
+				const lt_t *go, int64_t G, const int64_t *dims,
+				kiln_dtype_t acc)
+{
+	int64_t N = dims[0], C = dims[1], H = dims[2], W = dims[3], O = dims[4],
+		KH = dims[5], KW = dims[6], OH = dims[7], OW = dims[8];
+	/* (a transposed convolution's output_padding leaves the input
+	 * positions past the last window: they are not this form's) */
+	if (!(G == 1 && KH * KW > 1 && cv->s[0] == 1 && cv->s[1] == 1 &&
+	      cv->p[0] <= cv->d[0] * (KH - 1) &&
+	      cv->p[1] <= cv->d[1] * (KW - 1) &&
+	      H == OH + cv->d[0] * (KH - 1) - 2 * cv->p[0] &&
+	      W == OW + cv->d[1] * (KW - 1) - 2 * cv->p[1] && c->blas != NULL &&
+	      conv_template(c, n, acc)))
+		return false;
+	/* the flipped weight is a gather of O·C·KH·KW elements: it pays
+	 * where the positions outnumber the weight's rows (ResNet's 512 ->
+	 * 512 at 7², batch 8: the product and col2im 10.2 ms, the flip 2.5
+	 * and the template 10); and the forward must take the template (the
+	 * whole-image im2col and BLAS it would take otherwise is the
+	 * backward's product over again: [2, 64, 16²] -> 128 0.41 -> 0.47
+	 * ms) */
+	if (N * OH * OW < 2 * O)
+		return false;
+	const int64_t fd[9] = {N, O, OH, OW, C, KH, KW, H, W};
+	bool batched = N > 1 && H * W < CONV_BATCH_COLS_P;
+	return !direct_ok(1, O, KH, KW, N * C * H * W, W, cv) &&
+	       (conv_implicit_ok(c, n, go, acc, fd, 1) ||
+		(!batched && conv_use_tiled(c, n, O * KH * KW, H, W, N, acc)));
+}
+
+/* grad_input of a stride-1 convolution (where bw_input_forward_ok) as the
+ * forward convolution of grad_output by the weight flipped along its taps
+ * and with its channel dims swapped, W'[c, o, kh, kw] = W[o, c, KH-1-kh,
+ * KW-1-kw], padded by d·(K-1) - p: gI[n, c, h] = sum_{o, k} gO[n, o, h + p
+ * - k·d]·W[o, c, k], and with k = K-1-k', h + p - (K-1-k')·d = h - (d·(K-1)
+ * - p) + k'·d. So conv_forward's forms take it (the implicit GEMM template
+ * packing from gO, the tiled one), where the product Wᵀ @ gO wrote KH·KW
+ * times gI's size and the col2im read it back: U-Net's 3x3 32 -> 16 at
+ * 64², batch 2, 0.84 + 0.11 ms -> 0.38-0.45; 64 -> 32 at 32² 0.58 + 0.05
+ * -> 0.38; ResNet's 64 -> 64 at 56², batch 8, 11.5-12.5 + 2.0 -> 9.5-10.5
+ * (kilnc --profile, 2 threads, a Zen 4). go and w are in the 2-d form. */
+static int bw_input_forward(lnode_t *n, lt_t *go, lt_t *w, const conv_t *cv,
+			    lt_t **gi)
+{
+	cctx_t *c = n->c;
+	int64_t O = w->sizes[0].c, C = w->sizes[1].c, KH = w->sizes[2].c,
+		KW = w->sizes[3].c;
+	/* written as [C, O·KH·KW], rows of whole vectors: as [C, O, KH, KW]
+	 * the rows were KW long (512 -> 512 3x3: 4 ms) */
+	int64_t KK = KH * KW;
+	kiln_dim_t w2[2] = {dim_const(O), dim_const(C * KK)};
+	lt_t *wv = lt_reshape(c, w, 2, w2);
+	if (wv == NULL)
+		return -ENOMEM;
+	kiln_dim_t ws[2] = {dim_const(C), dim_const(O * KK)};
+	const kiln_expr_t *wi[2] = {
+	    ix_floordiv(c, IV(1), IC(KK)),
+	    ix_add(c, ix_mul(c, IV(0), IC(KK)),
+		   ix_sub(c, IC(KK - 1), ix_mod(c, IV(1), IC(KK))))};
+	lt_t *wf = lt_fn(c, w->dtype, 2, ws, lt_at(c, wv, wi));
+	if (wf == NULL)
+		return -ENOMEM;
+	int rc = lt_realize(c, wf, (int32_t)n->index, &wf);
+	if (rc != 0)
+		return rc;
+	kiln_dim_t w4[4] = {dim_const(C), dim_const(O), dim_const(KH),
+			    dim_const(KW)};
+	wf = lt_reshape(c, wf, 4, w4);
+	if (wf == NULL)
+		return -ENOMEM;
+	conv_t fw = *cv;
+	fw.nd = 2; /* already in the 2-d form: conv_forward leaves it */
+	fw.groups = 1;
+	fw.transposed = false;
+	for (int j = 0; j < 2; j++) {
+		fw.p[j] = cv->d[j] * ((j == 0 ? KH : KW) - 1) - cv->p[j];
+		fw.op[j] = 0;
+	}
+	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
+	n->capture = cap;
+	rc = conv_forward(n, go, wf, NULL, fw);
+	n->capture = saved;
+	if (rc != 0)
+		return rc;
+	*gi = cap[0];
+	return *gi != NULL ? 0
+			   : lerr(n, KILN_EUNSUPOP, "no form for this shape");
+}
+
 static int conv_backward(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0, conv_t cv,
 			 const bool *want)
 {
@@ -1693,6 +1826,19 @@ static int conv_backward(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0, conv_t cv,
 	int64_t Og = O / G;
 	kiln_dtype_t odt = lout(n, 1) ? lout(n, 1)->dtype : x->dtype;
 	kiln_dtype_t acc = compute_dtype(odt);
+	const int64_t fdims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+	if (mask[0] && bw_input_forward_ok(c, n, &cv, go, G, fdims, acc)) {
+		lt_t *gi;
+		rc = bw_input_forward(n, go, w, &cv, &gi);
+		if (rc != 0)
+			return rc;
+		if (cv.nd == 1)
+			gi = lt_squeeze_dim(c, gi, 2);
+		rc = lset(n, 0, gi);
+		if (rc != 0)
+			return rc;
+		mask[0] = false;
+	}
 	bool one = G == 1 && cv.nd == 2 && KH == 1 && KW == 1 && cv.s[0] == 1 &&
 		   cv.s[1] == 1 && cv.p[0] == 0 && cv.p[1] == 0;
 	if (one && c->blas != NULL &&

@@ -2366,7 +2366,9 @@ Test(conv, bias_gradient_of_channels_last_reads_runs_along_channels)
  * - grad_input, Wᵀ [C·KH·KW, O] @ gO [O, N·OH·OW] read back through a
  *   view (ConvNeXt-nano's 640 -> 2560 at 4², batch 8: 8 products of 16
  *   columns, Wᵀ packed for each, took 5.5 ms).
- * Larger images keep a product per image. Against the interpreter. */
+ * Larger images keep a product per image. Against the interpreter. (With
+ * 32 or fewer output channels the weight gradient is computed transposed,
+ * col @ gOᵀ: ops_conv.c bw_weight_swap.) */
 Test(conv, small_images_gradients_are_one_product_each)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -2375,8 +2377,8 @@ Test(conv, small_images_gradients_are_one_product_each)
 		const char *gw, *gi;
 	} cs[] = {
 	    {4, 64, 128, 8, "[128, 576] K=[256]", "[576, 256] K=[128]"},
-	    {2, 8, 16, 8, "[2, 16, 72] K=[64]", "[72, 128] K=[16]"},
-	    {2, 16, 32, 12, "[2, 32, 144] K=[144]", "[2, 144, 144] K=[32]"}};
+	    {2, 8, 16, 8, "[2, 72, 16] K=[64]", "[72, 128] K=[16]"},
+	    {2, 16, 32, 12, "[2, 144, 32] K=[144]", "[2, 144, 144] K=[32]"}};
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		kiln_graph_t *g =
 		    conv_bw_graph(cs[i].N, cs[i].C, cs[i].O, cs[i].H);
@@ -4031,14 +4033,15 @@ static char *asm_of(kiln_compiler_t *kc, const kiln_graph_t *g)
 	return text;
 }
 
-/* With KILN_NT_BYTES=0 every output of at least 1 MiB is written with
- * streaming stores where a vector's address is aligned, and plainly where
- * not (rows of 1000 f32: every other row starts off a 64-byte line), and
- * the kernel fences them: log_softmax over rows (inner-vectorized) and
- * softmax over columns (4 blocks of columns a unit) of [600, 1000]. Not
- * streamed: softmax over rows (its exp lives in the output's rows, in
- * cache when the last pass scales it) and a 160 KB output. All against
- * the interpreter. */
+/* With KILN_NT_BYTES=0 every output of at least 1 MiB whose kernel rows
+ * are whole 64-byte lines is written with streaming stores where a
+ * vector's address is aligned, and the kernel fences them: log_softmax
+ * over rows (inner-vectorized) and softmax over columns (4 blocks of
+ * columns a unit) of [600, 1024]. Not streamed: softmax over rows (its
+ * exp lives in the output's rows, in cache when the last pass scales it),
+ * a 160 KB output, and rows of 1000 f32 (every other row starting off a
+ * line: a line's streamed and plain parts cost more than either, codegen.c
+ * nt_rows_whole). All against the interpreter. */
 Test(nt, large_outputs_stream_and_match_the_interpreter)
 {
 	setenv("KILN_NT_BYTES", "0", 1);
@@ -4048,10 +4051,12 @@ Test(nt, large_outputs_stream_and_match_the_interpreter)
 		const char *op;
 		int64_t r, c, dim;
 		bool big;
-	} cs[] = {{"aten._log_softmax.default", 600, 1000, 1, true},
-		  {"aten._softmax.default", 600, 1000, 0, true},
-		  {"aten._softmax.default", 600, 1000, 1, false},
-		  {"aten._log_softmax.default", 40, 1000, 1, false}};
+	} cs[] = {{"aten._log_softmax.default", 600, 1024, 1, true},
+		  {"aten._softmax.default", 600, 1024, 0, true},
+		  {"aten._softmax.default", 600, 1024, 1, false},
+		  {"aten._log_softmax.default", 40, 1000, 1, false},
+		  {"aten._log_softmax.default", 600, 1000, 1, false},
+		  {"aten._softmax.default", 600, 1000, 0, false}};
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		gb_t b;
 		row_op_dim_graph(&b, cs[i].op, cs[i].r, cs[i].c, cs[i].dim);
@@ -4087,21 +4092,24 @@ Test(nt, a_large_scatter_streams_its_zeros_and_matches_the_interpreter)
 	setenv("KILN_NT_BYTES", "0", 1);
 	cr_assert_eq(kiln_nt_min_bytes(), 0);
 	kiln_compiler_t *kc = new_compiler();
-	kiln_graph_t *g[2] = {
-	    embedding_bw_graph_ex("f32", 4099, 3, 700, 100, 7, false),
-	    index_put_rows_graph("f32", 4001, 3, 400, 96)};
-	const char *what[2] = {"embedding backward", "index_put of rows"};
-	for (int i = 0; i < 2; i++) {
+	kiln_graph_t *g[3] = {
+	    embedding_bw_graph_ex("f32", 4099, 3, 700, 96, 7, false),
+	    index_put_rows_graph("f32", 4001, 3, 400, 96),
+	    embedding_bw_graph_ex("f32", 4099, 3, 700, 100, 7, false)};
+	const char *what[3] = {"embedding backward", "index_put of rows",
+			       "embedding backward, rows of 400 bytes"};
+	for (int i = 0; i < 3; i++) {
 		cr_assert(g[i] != NULL);
 		char *text = asm_of(kc, g[i]);
 		if (strstr(text, "ymm") || strstr(text, "zmm")) {
-			cr_expect(strstr(text, "movnt") != NULL,
-				  "%s: streaming stores", what[i]);
-			cr_expect(strstr(text, "sfence") != NULL, "%s: sfence",
-				  what[i]);
+			/* rows that are not whole lines stay plain */
+			cr_expect_eq(strstr(text, "movnt") != NULL, i < 2,
+				     "%s: streaming stores", what[i]);
+			cr_expect_eq(strstr(text, "sfence") != NULL, i < 2,
+				     "%s: sfence", what[i]);
 		}
 		free(text);
-		if (i == 0)
+		if (i != 1)
 			check_embedding_bw(kc, g[i], 4099, 7, what[i]);
 		else
 			check_scatter_graph(kc, g[i], 4001, true, what[i]);
@@ -5988,24 +5996,28 @@ static void ints_n(gb_t *b, const int64_t *v, uint32_t n)
 }
 
 /* y = a convolution of x by w plus b over nd spatial dims (transposed or
- * not; output_padding op for a transposed one) and its backward
- * (convolution_backward, every gradient asked for) in one graph:
- * outputs y, grad_input, grad_weight, grad_bias. */
+ * not; output_padding op for a transposed one; dilation dl, NULL for 1)
+ * and its backward (convolution_backward, every gradient asked for) in
+ * one graph: outputs y, grad_input, grad_weight, grad_bias. */
 static kiln_graph_t *conv_fwd_bwd_graph(const char *dt, uint32_t nd,
 					const int64_t *xs, const int64_t *ws,
 					const int64_t *st, const int64_t *pd,
 					const int64_t *op, int64_t G,
-					bool transposed)
+					bool transposed, const int64_t *dl)
 {
 	uint32_t r = nd + 2;
 	int64_t Co = transposed ? ws[1] * G : ws[0], ys[5] = {xs[0], Co};
-	for (uint32_t k = 0; k < nd; k++)
+	static const int64_t one3[3] = {1, 1, 1};
+	if (dl == NULL)
+		dl = one3;
+	for (uint32_t k = 0; k < nd; k++) {
+		int64_t reach = dl[k] * (ws[2 + k] - 1) + 1;
 		ys[2 + k] =
 		    transposed
-			? (xs[2 + k] - 1) * st[k] - 2 * pd[k] + ws[2 + k] +
-			      op[k]
-			: (xs[2 + k] + 2 * pd[k] - ws[2 + k]) / st[k] + 1;
-	const int64_t b1[1] = {Co}, one3[3] = {1, 1, 1};
+			? (xs[2 + k] - 1) * st[k] - 2 * pd[k] + reach + op[k]
+			: (xs[2 + k] + 2 * pd[k] - reach) / st[k] + 1;
+	}
+	const int64_t b1[1] = {Co};
 	gb_t b;
 	gb_init(&b);
 	graph_head(&b, 4);
@@ -6030,7 +6042,7 @@ static kiln_graph_t *conv_fwd_bwd_graph(const char *dt, uint32_t nd,
 			ref(&b, 2);
 		ints_n(&b, st, nd);
 		ints_n(&b, pd, nd);
-		ints_n(&b, one3, nd);
+		ints_n(&b, dl, nd);
 		if (transposed)
 			msgpack_pack_true(&b.pk);
 		else
@@ -6083,7 +6095,7 @@ Test(lowering, transposed_convolutions_are_kernels, .timeout = 300)
 			 (long long)cases[i].w4[2]);
 		kiln_graph_t *g = conv_fwd_bwd_graph(
 		    cases[i].dt, 2, cases[i].x4, cases[i].w4, cases[i].st,
-		    cases[i].pd, cases[i].op, cases[i].G, true);
+		    cases[i].pd, cases[i].op, cases[i].G, true, NULL);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "fallback", false, what);
 		expect_report_has(kc, g, "BLAS", true, what);
@@ -6239,7 +6251,7 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 			 (long long)cases[i].w5[2]);
 		kiln_graph_t *g = conv_fwd_bwd_graph(
 		    cases[i].dt, 3, cases[i].x5, cases[i].w5, cases[i].st,
-		    cases[i].pd, zero3, cases[i].G, false);
+		    cases[i].pd, zero3, cases[i].G, false, NULL);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "fallback", false, what);
 		if (cases[i].k != NULL) /* the folded product's depth */
@@ -6247,6 +6259,137 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 		bool f64 = strcmp(cases[i].dt, "f64") == 0;
 		expect_matches_interp(kc, g, "default", 41 + i,
 				      f64 ? 1e-12 : 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
+/* The input gradient of a stride-1 convolution is the forward
+ * convolution of grad_output by the weight flipped along its taps, its
+ * channel dims swapped and padded by d·(K-1) - p (ops_conv.c
+ * bw_input_forward): with AVX-512 it takes the forward's templates, where
+ * the product Wᵀ @ gO wrote KH·KW times grad_input's size for a col2im to
+ * read back. Not taken where the weight outweighs the positions (512 ->
+ * 512-like: 256 channels at 7², batch 2) nor for a transposed convolution
+ * with an output_padding. With 32 or fewer output channels the weight
+ * gradient is computed transposed (bw_weight_swap). Against the
+ * interpreter: U-Net's 3x3 32 -> 16 at 64², a 5x5 with padding 2, a
+ * dilated 3x3, an unpadded one, a 1-d one, the weight-heavy one and a
+ * transposed one with an output_padding (its backward's input gradient
+ * is a forward convolution already: its forward, the input gradient of
+ * the convolution of its weight, is the one checked). */
+Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
+{
+	kiln_compiler_t *kc = new_compiler();
+	bool tmpl = __builtin_cpu_supports("avx512f");
+	static const struct {
+		uint32_t nd;
+		int64_t xs[4], ws[4], pd[2], dl[2];
+		bool fwd, transposed;
+		const char *gw;
+	} cs[] = {
+	    {2,
+	     {2, 32, 64, 64},
+	     {16, 32, 3, 3},
+	     {1, 1},
+	     {1, 1},
+	     true,
+	     false,
+	     "[2, 288, 16] K=[4096]"},
+	    {2,
+	     {2, 16, 32, 32},
+	     {24, 16, 5, 5},
+	     {2, 2},
+	     {1, 1},
+	     true,
+	     false,
+	     "[2, 400, 24] K=[1024]"},
+	    {2,
+	     {2, 16, 32, 32},
+	     {16, 16, 3, 3},
+	     {2, 2},
+	     {2, 2},
+	     true,
+	     false,
+	     NULL},
+	    {2,
+	     {2, 16, 34, 34},
+	     {16, 16, 3, 3},
+	     {0, 0},
+	     {1, 1},
+	     true,
+	     false,
+	     NULL},
+	    {1,
+	     {2, 32, 1024, 0},
+	     {32, 32, 3, 0},
+	     {1, 0},
+	     {1, 0},
+	     true,
+	     false,
+	     NULL},
+	    {2,
+	     {2, 256, 7, 7},
+	     {256, 256, 3, 3},
+	     {1, 1},
+	     {1, 1},
+	     false,
+	     false,
+	     NULL},
+	    {2,
+	     {2, 32, 31, 31},
+	     {32, 16, 3, 3},
+	     {1, 1},
+	     {2, 2},
+	     false,
+	     true,
+	     NULL},
+	};
+	static const int64_t st[2] = {1, 1}, op1[2] = {1, 1}, zero[2] = {0, 0};
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		char what[96];
+		snprintf(what, sizeof(what),
+			 "%ud [%lld, %lld, %lld] -> %lld, k%lld p%lld d%lld%s",
+			 cs[i].nd, (long long)cs[i].xs[0],
+			 (long long)cs[i].xs[1], (long long)cs[i].xs[2],
+			 (long long)cs[i].ws[cs[i].transposed ? 1 : 0],
+			 (long long)cs[i].ws[2], (long long)cs[i].pd[0],
+			 (long long)cs[i].dl[0],
+			 cs[i].transposed ? " transposed" : "");
+		kiln_graph_t *g =
+		    conv_fwd_bwd_graph("f32", cs[i].nd, cs[i].xs, cs[i].ws, st,
+				       cs[i].pd, cs[i].transposed ? op1 : zero,
+				       1, cs[i].transposed, cs[i].dl);
+		cr_assert(g != NULL, "%s", what);
+		char *rep = NULL;
+		n_kernels(kc, g, &rep);
+		cr_assert(rep != NULL, "%s", what);
+		/* the forward's template forms, in a kernel of the node
+		 * whose input gradient it is (node 0 for a transposed one) */
+		const char *node = cs[i].transposed
+				       ? "node 0 aten.convolution.default"
+				       : "node 1 aten.convolution_backward";
+		bool fwd = false;
+		for (const char *l = rep; l != NULL && *l != '\0';) {
+			const char *e = strchr(l, '\n');
+			size_t len = e != NULL ? (size_t)(e - l) : strlen(l);
+			char line[512];
+			snprintf(line, sizeof(line), "%.*s", (int)len, l);
+			if (strstr(line, node) &&
+			    (strstr(line, "implicit GEMM") ||
+			     strstr(line, "im2col tiles")))
+				fwd = true;
+			l = e != NULL ? e + 1 : NULL;
+		}
+		if (tmpl)
+			cr_expect_eq(fwd, cs[i].fwd, "%s:\n%s", what, rep);
+		else
+			cr_expect(!fwd, "%s:\n%s", what, rep);
+		if (cs[i].gw != NULL)
+			cr_expect(strstr(rep, cs[i].gw) != NULL, "%s:\n%s",
+				  what, rep);
+		free(rep);
+		expect_matches_interp(kc, g, "default", 71 + i, 1e-4, what);
 		kiln_graph_free(g);
 	}
 	kiln_compiler_free(kc);

@@ -953,12 +953,12 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
  * A buffer streams only where the kernel's rows (its last dim, along
  * which it stores vectors) are whole cache lines, or where it has one
  * row (nt_rows_whole): rows of another length start now on a line,
- * streamed, now within one, stored plainly, and a line's streamed and
- * plain parts cost far more than either (an im2col of [8, 64, 3, 3, 56,
- * 56] rows, 58 MB: 24 ms streamed against 2.5 plain; of 60-float rows
- * 7.3 against 1.8; of 64-float rows 1.4 against 1.6; gelu(x)·2 + 1 over
- * 64 MB in rows of 200 f32 9.4-10.0 ms against 3.7-4.5, of 1000 4.8-5.9
- * against 3.4-3.6, of 1024 streamed 2.6-2.8 against 3.6: kilnc
+ * streamed, now within one, stored plainly, and that alternation of
+ * streamed and plain rows cost far more than either (an im2col of [8, 64, 3, 3,
+ * 56, 56] rows, 58 MB: 24 ms streamed against 2.5 plain; of 60-float rows 7.3
+ * against 1.8; of 64-float rows 1.4 against 1.6; gelu(x)·2 + 1 over 64 MB in
+ * rows of 200 f32 9.4-10.0 ms against 3.7-4.5, of 1000 4.8-5.9 against 3.4-3.6,
+ * of 1024 streamed 2.6-2.8 against 3.6: kilnc
  * --profile, 2 threads, a Zen 4). */
 #define NT_FLOOR (1 << 20)
 

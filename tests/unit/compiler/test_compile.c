@@ -4040,7 +4040,7 @@ static char *asm_of(kiln_compiler_t *kc, const kiln_graph_t *g)
  * columns a unit) of [600, 1024]. Not streamed: softmax over rows (its
  * exp lives in the output's rows, in cache when the last pass scales it),
  * a 160 KB output, and rows of 1000 f32 (every other row starting off a
- * line: a line's streamed and plain parts cost more than either, codegen.c
+ * line, stored plainly: the alternation cost more than either, codegen.c
  * nt_rows_whole). All against the interpreter. */
 Test(nt, large_outputs_stream_and_match_the_interpreter)
 {

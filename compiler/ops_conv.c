@@ -2059,7 +2059,7 @@ static int conv_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
 			   const conv_t *cv)
 {
 	cctx_t *c = n->c;
-	kiln_dim_t ys[4];
+	kiln_dim_t ys[5];
 	int rc = tconv_shape(n, x0, w0, cv, ys);
 	if (rc != 0)
 		return rc;
@@ -2099,7 +2099,7 @@ static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
 			      const conv_t *cv, const bool *mask)
 {
 	cctx_t *c = n->c;
-	kiln_dim_t ys[4];
+	kiln_dim_t ys[5];
 	int rc = tconv_shape(n, x0, w0, cv, ys);
 	if (rc != 0)
 		return rc;
@@ -2174,9 +2174,6 @@ static int conv3_geo(lnode_t *n, const lt_t *x, const lt_t *w, const conv_t *cv,
 			return lerr(n, KILN_EUNSUPOP,
 				    "symbolic convolution shapes are not "
 				    "lowered");
-	if (cv->transposed)
-		return lerr(n, KILN_EUNSUPOP,
-			    "transposed 3-d convolutions are not lowered");
 	memset(g, 0, sizeof(*g));
 	g->N = x->sizes[0].c, g->C = x->sizes[1].c, g->D = x->sizes[2].c;
 	g->H = x->sizes[3].c, g->W = x->sizes[4].c;
@@ -2293,9 +2290,14 @@ static int conv3_fold_w(lnode_t *n, lt_t *w, const conv3_t *g, lt_t **w2)
  * the channels, [N·OD, G·KD·Cg, H, W] by [O, KD·Cg, KH, KW], in any of the
  * 2-d forms (conv_forward, its output captured), then [N·OD, O, OH, OW]
  * read as [N, O, OD, OH, OW]. */
+static int conv3d_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
+			     const conv_t *cv);
+
 static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
 {
 	cctx_t *c = n->c;
+	if (cv->transposed)
+		return conv3d_transposed(n, x, w, b, cv);
 	conv3_t g;
 	int rc = conv3_geo(n, x, w, cv, &g);
 	if (rc != 0)
@@ -2311,10 +2313,10 @@ static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
 		rc = conv3_fold_w(n, w, &g, &w2);
 	if (rc != 0)
 		return rc;
-	lt_t *cap[3] = {NULL, NULL, NULL};
+	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
 	n->capture = cap;
 	rc = conv_forward(n, xc, w2, b, g.c2);
-	n->capture = NULL;
+	n->capture = saved;
 	if (rc == 0 && cap[0] == NULL)
 		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
 	if (rc != 0)
@@ -2330,10 +2332,15 @@ static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
  * over grad_output as [N·OD, O, OH, OW]; grad_input the sum of the folded
  * input's gradient over the depth taps that read each depth, d = od·sd -
  * pd + kd·dd; grad_weight the folded weight's, unfolded. */
+static int conv3d_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
+				const conv_t *cv, const bool *mask);
+
 static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 		     const bool *mask)
 {
 	cctx_t *c = n->c;
+	if (cv->transposed)
+		return conv3d_transposed_bw(n, go, x, w, cv, mask);
 	conv3_t g;
 	int rc = conv3_geo(n, x, w, cv, &g);
 	if (rc != 0)
@@ -2364,10 +2371,10 @@ static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 	lt_t *go2 = gp ? lt_reshape(c, gp, 4, g4) : NULL;
 	if (go2 == NULL)
 		return -ENOMEM;
-	lt_t *cap[3] = {NULL, NULL, NULL};
+	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
 	n->capture = cap;
 	rc = conv_backward(n, go2, xc, w2, g.c2, want);
-	n->capture = NULL;
+	n->capture = saved;
 	for (int k = 0; rc == 0 && k < 3; k++)
 		if (want[k] && cap[k] == NULL)
 			rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
@@ -2437,5 +2444,123 @@ static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 	}
 	if (want[2])
 		rc = lset(n, 2, cap[2]);
+	return rc;
+}
+
+/* ---- transposed 3-d convolutions: the 3-d forms, as the 2-d ones ---- */
+
+/* The shape of a transposed 3-d convolution's output (tconv_shape) where
+ * its output_padding is under the stride (one of the stride or more, which
+ * torch allows below the dilation, is not lowered: a fallback step), and
+ * cv as the convolution whose input gradient it is (*fw). */
+static int tconv3_shape(lnode_t *n, const lt_t *x0, const lt_t *w0,
+			const conv_t *cv, kiln_dim_t *ys, conv_t *fw)
+{
+	int rc = tconv_shape(n, x0, w0, cv, ys);
+	if (rc != 0)
+		return rc;
+	for (uint32_t j = 0; j < 3; j++)
+		if (cv->op[j] >= cv->s[j])
+			return lerr(n, KILN_EUNSUPOP,
+				    "transposed 3-d convolutions with an "
+				    "output_padding of the stride or more are "
+				    "not lowered");
+	*fw = *cv;
+	fw->transposed = false;
+	memset(fw->op, 0, sizeof(fw->op));
+	return 0;
+}
+
+/* A transposed 3-d convolution (ConvTranspose3d: a volumetric U-Net's
+ * decoder) is the input gradient of the 3-d convolution whose weight w0
+ * is, with x0 as its grad_output (conv3d_bw's forms, the depth taps
+ * folded into the channels), then the bias; as conv_transposed in 2-d. */
+static int conv3d_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
+			     const conv_t *cv)
+{
+	cctx_t *c = n->c;
+	kiln_dim_t ys[5];
+	conv_t fw;
+	int rc = tconv3_shape(n, x0, w0, cv, ys, &fw);
+	if (rc != 0)
+		return rc;
+	if (b != NULL && (b->rank != 1 || !dim_eq(b->sizes[0], ys[1])))
+		return lerr(n, KILN_EINVGRAPH,
+			    "bias must have one element per output channel "
+			    "(%lld)",
+			    (long long)ys[1].c);
+	lt_t *shape = lt_fn(c, x0->dtype, 5, ys, sxf(c, 0, x0->dtype));
+	if (shape == NULL)
+		return -ENOMEM;
+	static const bool mask[3] = {true, false, false};
+	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
+	n->capture = cap;
+	rc = conv3d_bw(n, x0, shape, w0, &fw, mask);
+	n->capture = saved;
+	if (rc == 0 && cap[0] == NULL)
+		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+	if (rc != 0)
+		return rc;
+	lt_t *y = cap[0];
+	if (b != NULL) {
+		const kiln_expr_t *bi[1] = {IV(1)};
+		y = lt_fn(c, y->dtype, y->rank, y->sizes,
+			  sx_bin(c, OP_ADD, lt_body(c, y),
+				 sx_cast(c, lt_at(c, b, bi), y->dtype)));
+	}
+	return lset(n, 0, y);
+}
+
+/* Its backward: grad_input the 3-d convolution of grad_output by w0
+ * (conv3d), grad_weight that convolution's weight gradient with
+ * grad_output as its input and x0 as its grad_output (conv3d_bw),
+ * grad_bias grad_output's sum. */
+static int conv3d_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
+				const conv_t *cv, const bool *mask)
+{
+	kiln_dim_t ys[5];
+	conv_t fw;
+	int rc = tconv3_shape(n, x0, w0, cv, ys, &fw);
+	if (rc != 0)
+		return rc;
+	for (uint32_t k = 0; k < 5; k++)
+		if (!dim_eq(go0->sizes[k], ys[k]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "grad_output, input and weight shapes "
+				    "disagree");
+	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
+	if (mask[0]) {
+		n->capture = cap;
+		rc = conv3d(n, go0, w0, NULL, &fw);
+		n->capture = saved;
+		if (rc == 0)
+			rc = cap[0] != NULL ? lset(n, 0, cap[0])
+					    : lerr(n, KILN_EUNSUPOP,
+						   "no form for this shape");
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[1] && n->n->n_out > 1) {
+		static const bool wmask[3] = {false, true, false};
+		n->capture = cap;
+		rc = conv3d_bw(n, x0, go0, w0, &fw, wmask);
+		n->capture = saved;
+		if (rc == 0)
+			rc = cap[1] != NULL ? lset(n, 1, cap[1])
+					    : lerr(n, KILN_EUNSUPOP,
+						   "no form for this shape");
+		if (rc != 0)
+			return rc;
+	}
+	if (mask[2] && n->n->n_out > 2) {
+		const kiln_value_t *v = lout(n, 2);
+		kiln_dtype_t acc = compute_dtype(
+		    v != NULL && v->kind == KILN_VAL_TENSOR ? v->dtype
+							    : go0->dtype);
+		lt_t *gb;
+		rc = conv_grad_bias(n, go0, acc, &gb);
+		if (rc == 0)
+			rc = lset(n, 2, gb);
+	}
 	return rc;
 }

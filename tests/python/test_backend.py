@@ -526,6 +526,34 @@ def test_activations_and_their_backward_compile_without_torch_steps():
     _no_fallback()
 
 
+class _Vol3dNet(nn.Module):
+    """A volumetric U-Net level in small (nnU-Net's shape): a 3x3x3
+    convolution, a stride-2 one down, a 2x2x2 stride-2 transposed one up,
+    the skip concatenated, and a 1x1x1 head."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Conv3d(2, 6, 3, padding=1)
+        self.down = nn.Conv3d(6, 8, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose3d(8, 6, 2, stride=2)
+        self.head = nn.Conv3d(12, 3, 1)
+
+    def forward(self, x):
+        e = torch.relu(self.enc(x))
+        u = self.up(torch.relu(self.down(e)))
+        return self.head(torch.cat([u, e], 1))
+
+
+def test_3d_and_transposed_3d_convolutions_train_without_torch_steps():
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    _train_like_eager(_Vol3dNet(), (_x(31, 2, 2, 4, 6, 6),))
+    ops = [o for r in kb.records() for o in r["fallback_ops"]]
+    assert not ops, ops
+    _no_fallback()
+
+
 class _WeightNormNet(nn.Module):
     """wav2vec2's positional convolution in small (weight norm over the
     kernel's last dim, dim=2) and a weight-normed linear (dim=0)."""

@@ -1821,8 +1821,9 @@ static int conv_backward(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0, conv_t cv,
 	int64_t OH = go->sizes[2].c, OW = go->sizes[3].c;
 	if (C != Cg * G || O % G != 0 || go->sizes[1].c != O ||
 	    go->sizes[0].c != N)
-		return lerr(n, KILN_EINVGRAPH,
-			    "grad_output, input and weight shapes disagree");
+		return lerr(
+		    n, KILN_EINVGRAPH,
+		    "grad_output does not have the convolution's output shape");
 	int64_t Og = O / G;
 	kiln_dtype_t odt = lout(n, 1) ? lout(n, 1)->dtype : x->dtype;
 	kiln_dtype_t acc = compute_dtype(odt);
@@ -2105,9 +2106,10 @@ static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
 		return rc;
 	for (uint32_t k = 0; k < go0->rank; k++)
 		if (!dim_eq(go0->sizes[k], ys[k]))
-			return lerr(n, KILN_EINVGRAPH,
-				    "grad_output, input and weight shapes "
-				    "disagree");
+			return lerr(
+			    n, KILN_EINVGRAPH,
+			    "grad_output does not have the convolution's "
+			    "output shape");
 	lt_t *cap[3] = {NULL, NULL, NULL};
 	if (mask[0]) {
 		n->capture = cap;
@@ -2348,9 +2350,10 @@ static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 	const int64_t gs[5] = {g.N, g.O, g.OD, g.OH, g.OW};
 	for (int k = 0; k < 5; k++)
 		if (!dim_is(go->sizes[k], gs[k]))
-			return lerr(n, KILN_EINVGRAPH,
-				    "grad_output, input and weight shapes "
-				    "disagree");
+			return lerr(
+			    n, KILN_EINVGRAPH,
+			    "grad_output does not have the convolution's "
+			    "output shape");
 	bool want[3] = {mask[0], mask[1] && n->n->n_out > 1,
 			mask[2] && n->n->n_out > 2};
 	lt_t *xc, *w2;
@@ -2525,9 +2528,10 @@ static int conv3d_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
 		return rc;
 	for (uint32_t k = 0; k < 5; k++)
 		if (!dim_eq(go0->sizes[k], ys[k]))
-			return lerr(n, KILN_EINVGRAPH,
-				    "grad_output, input and weight shapes "
-				    "disagree");
+			return lerr(
+			    n, KILN_EINVGRAPH,
+			    "grad_output does not have the convolution's "
+			    "output shape");
 	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
 	if (mask[0]) {
 		n->capture = cap;

@@ -1702,6 +1702,25 @@ def bad_cases():
                                                 [spec("f32", [1, 3, 9, 7])])], [{"ref": 2}]),
            [zeros_entry("f32", [1, 2, 4, 4]), zeros_entry("f32", [2, 3, 3, 3])], "invalid_graph",
            "output_padding 2 must be smaller than the stride 2 or the dilation 1")
+    # the same in 3-d: a weight whose dim 0 is not the input's channels; a
+    # backward whose grad_output is not the transposed convolution's shape
+    yield ("tconv3d_channels", graph1([spec("f32", [1, 2, 3, 4, 4]), spec("f32", [3, 3, 1, 1, 1])],
+                                      [node("aten.convolution.default",
+                                            [R0, R1, None, [1, 1, 1], [0, 0, 0], [1, 1, 1], True, [0, 0, 0], 1],
+                                            [spec("f32", [1, 3, 3, 4, 4])])], [{"ref": 2}]),
+           [zeros_entry("f32", [1, 2, 3, 4, 4]), zeros_entry("f32", [3, 3, 1, 1, 1])], "invalid_graph",
+           "weight's dim 0 must equal the input channels")
+    yield ("tconv3d_bw_shape", graph1([spec("f32", [1, 3, 6, 8, 7]), spec("f32", [1, 2, 3, 4, 4]),
+                                       spec("f32", [2, 3, 2, 2, 2])],
+                                      [node("aten.convolution_backward.default",
+                                            [R0, R1, {"ref": 2}, [3], [2, 2, 2], [0, 0, 0], [1, 1, 1], True,
+                                             [0, 0, 0], 1, [True, True, True]],
+                                            [spec("f32", [1, 2, 3, 4, 4]), spec("f32", [2, 3, 2, 2, 2]),
+                                             spec("f32", [3])])],
+                                      [{"ref": 3}, {"ref": 4}, {"ref": 5}]),
+           [zeros_entry("f32", [1, 3, 6, 8, 7]), zeros_entry("f32", [1, 2, 3, 4, 4]),
+            zeros_entry("f32", [2, 3, 2, 2, 2])], "invalid_graph",
+           "does not have the convolution's output shape")
     yield ("gelu_approx", graph1([f23], [node("aten.gelu.default", [R0], [f23], {"approximate": "erf"})], [R1]),
            [z23], "invalid_graph", "approximate")
     yield ("embedding_range", graph1([spec("f32", [4, 2]), spec("i64", [1])],

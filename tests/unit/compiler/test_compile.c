@@ -5976,8 +5976,10 @@ Test(conv, tiled_scratch_stays_within_its_bound)
 /* A transposed convolution whose weight's dim 0 is not the input's
  * channels, or whose output_padding is not below its stride or dilation
  * (tests/data/bad/tconv_*), a 2-d and a 3-d one whose weight does not take
- * the input's channels (conv_channels, conv3d_channels): rejected as the
- * interpreter rejects them. */
+ * the input's channels (conv_channels, conv3d_channels), a transposed 3-d
+ * one of the wrong channels and the backward of one whose grad_output is
+ * not its output's shape (tconv3d_*): rejected as the interpreter rejects
+ * them. */
 Test(compile, convolution_bad_arguments)
 {
 	static const badcase_t bad[] = {
@@ -5987,6 +5989,10 @@ Test(compile, convolution_bad_arguments)
 	    {"tconv_output_padding",
 	     "output_padding 2 must be smaller than the stride 2 or the "
 	     "dilation 1"},
+	    {"tconv3d_channels",
+	     "weight's dim 0 must equal the input channels"},
+	    {"tconv3d_bw_shape",
+	     "does not have the convolution's output shape"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

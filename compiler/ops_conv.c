@@ -1056,10 +1056,10 @@ int low_convolution(cctx_t *c, lnode_t *n)
 	rc = conv_params(n, 3, x0->rank - 2, &cv);
 	if (rc != 0)
 		return rc;
-	if (cv.nd == 3)
-		return conv3d(n, x0, w0, b, &cv);
-	return cv.transposed ? conv_transposed(n, x0, w0, b, &cv)
-			     : conv_forward(n, x0, w0, b, cv);
+	if (cv.transposed)
+		return conv_transposed(n, x0, w0, b, &cv);
+	return cv.nd == 3 ? conv3d(n, x0, w0, b, &cv)
+			  : conv_forward(n, x0, w0, b, cv);
 }
 
 /* Over a grad_input space whose vars vk[0..3] are the tap (kh, kw) and
@@ -2003,10 +2003,10 @@ int low_convolution_backward(cctx_t *c, lnode_t *n)
 		for (uint32_t i = 0; i < 3; i++)
 			mask[i] = om->u.list[i].kind == KILN_ARG_BOOL &&
 				  om->u.list[i].u.b;
-	if (cv.nd == 3)
-		return conv3d_bw(n, go0, x0, w0, &cv, mask);
-	return cv.transposed ? conv_transposed_bw(n, go0, x0, w0, &cv, mask)
-			     : conv_backward(n, go0, x0, w0, cv, mask);
+	if (cv.transposed)
+		return conv_transposed_bw(n, go0, x0, w0, &cv, mask);
+	return cv.nd == 3 ? conv3d_bw(n, go0, x0, w0, &cv, mask)
+			  : conv_backward(n, go0, x0, w0, cv, mask);
 }
 
 /* A transposed convolution's checks and output sizes: x0 [N, Ci, (H,) W]
@@ -2049,19 +2049,73 @@ static int tconv_shape(lnode_t *n, const lt_t *x0, const lt_t *w0,
 	return 0;
 }
 
+/* The convolution a transposed one of parameters cv is the input gradient
+ * of (*fw: cv, not transposed, without the output_padding, which only
+ * sizes the output), and the forms of its rank that it runs (conv3d's
+ * for 3-d ones: the depth taps folded into the channels). A 3-d one whose
+ * output_padding is its stride or more (torch allows it below the
+ * dilation) is not lowered: those positions are past every window of the
+ * folded depth. */
+static int tconv_fw(lnode_t *n, const conv_t *cv, conv_t *fw)
+{
+	for (uint32_t j = 0; cv->nd == 3 && j < 3; j++)
+		if (cv->op[j] >= cv->s[j])
+			return lerr(n, KILN_EUNSUPOP,
+				    "transposed 3-d convolutions with an "
+				    "output_padding of the stride or more are "
+				    "not lowered");
+	*fw = *cv;
+	fw->transposed = false;
+	memset(fw->op, 0, sizeof(fw->op));
+	return 0;
+}
+
+static int tc_forward(lnode_t *n, lt_t *x, lt_t *w, const conv_t *fw)
+{
+	return fw->nd == 3 ? conv3d(n, x, w, NULL, fw)
+			   : conv_forward(n, x, w, NULL, *fw);
+}
+
+static int tc_backward(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *fw,
+		       const bool *mask)
+{
+	return fw->nd == 3 ? conv3d_bw(n, go, x, w, fw, mask)
+			   : conv_backward(n, go, x, w, *fw, mask);
+}
+
+/* Output k of the forms run by tc_forward (fwd) or tc_backward with
+ * mask, captured: into *out. */
+static int tc_capture(lnode_t *n, bool fwd, lt_t *a, lt_t *x, lt_t *w,
+		      const conv_t *fw, const bool *mask, int k, lt_t **out)
+{
+	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
+	n->capture = cap;
+	int rc =
+	    fwd ? tc_forward(n, a, w, fw) : tc_backward(n, a, x, w, fw, mask);
+	n->capture = saved;
+	if (rc == 0 && cap[k] == NULL)
+		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+	*out = cap[k];
+	return rc;
+}
+
 /* A transposed convolution is the input gradient of the convolution whose
  * weight w0 is, taken with x0 as that convolution's grad_output: y[n] =
  * col2im(Wᵀ @ x[n]) in conv_backward's forms (products through BLAS, a
  * product per group, the col2im by phases where the strides divide the
- * output; the direct sum where there is no BLAS or a depthwise one), then
- * the bias. The convolution's input is a stand-in of y's sizes, which
- * grad_input alone never reads. */
+ * output; the direct sum where there is no BLAS or a depthwise one), in
+ * 3-d conv3d_bw's (ConvTranspose3d: a volumetric U-Net's up-convolutions),
+ * then the bias. The convolution's input is a stand-in of y's sizes,
+ * which grad_input alone never reads. */
 static int conv_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
 			   const conv_t *cv)
 {
 	cctx_t *c = n->c;
 	kiln_dim_t ys[5];
+	conv_t fw;
 	int rc = tconv_shape(n, x0, w0, cv, ys);
+	if (rc == 0)
+		rc = tconv_fw(n, cv, &fw);
 	if (rc != 0)
 		return rc;
 	if (b != NULL && (b->rank != 1 || !dim_eq(b->sizes[0], ys[1])))
@@ -2072,16 +2126,11 @@ static int conv_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
 	lt_t *shape = lt_fn(c, x0->dtype, x0->rank, ys, sxf(c, 0, x0->dtype));
 	if (shape == NULL)
 		return -ENOMEM;
-	lt_t *cap[3] = {NULL, NULL, NULL};
 	static const bool mask[3] = {true, false, false};
-	n->capture = cap;
-	rc = conv_backward(n, x0, shape, w0, *cv, mask);
-	n->capture = NULL;
-	if (rc == 0 && cap[0] == NULL)
-		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+	lt_t *y;
+	rc = tc_capture(n, false, x0, shape, w0, &fw, mask, 0, &y);
 	if (rc != 0)
 		return rc;
-	lt_t *y = cap[0];
 	if (b != NULL) {
 		const kiln_expr_t *bi[1] = {IV(1)};
 		y = lt_fn(c, y->dtype, y->rank, y->sizes,
@@ -2093,36 +2142,34 @@ static int conv_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
 
 /* The backward of y = a transposed convolution of x0 by w0: grad_input is
  * the convolution of grad_output by w0 (w0 [Ci, Co/G, ..] is that
- * convolution's weight: conv_forward's forms), grad_weight that
- * convolution's weight gradient with grad_output as its input and x0 as
- * its grad_output (conv_backward's), grad_bias grad_output's sum. */
+ * convolution's weight: conv_forward's forms, conv3d's in 3-d),
+ * grad_weight that convolution's weight gradient with grad_output as its
+ * input and x0 as its grad_output (conv_backward's, conv3d_bw's),
+ * grad_bias grad_output's sum. */
 static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
 			      const conv_t *cv, const bool *mask)
 {
 	cctx_t *c = n->c;
 	kiln_dim_t ys[5];
+	conv_t fw;
 	int rc = tconv_shape(n, x0, w0, cv, ys);
+	if (rc == 0)
+		rc = tconv_fw(n, cv, &fw);
 	if (rc != 0)
 		return rc;
 	for (uint32_t k = 0; k < go0->rank; k++)
 		if (!dim_eq(go0->sizes[k], ys[k]))
-			return lerr(
-			    n, KILN_EINVGRAPH,
-			    "grad_output does not have the convolution's "
-			    "output shape");
-	lt_t *cap[3] = {NULL, NULL, NULL};
+			return lerr(n, KILN_EINVGRAPH,
+				    "grad_output does not have the "
+				    "convolution's output shape");
 	if (mask[0]) {
-		n->capture = cap;
-		rc = conv_forward(n, go0, w0, NULL, *cv);
-		n->capture = NULL;
-		if (rc == 0 && cap[0] == NULL)
-			rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+		lt_t *gi;
+		rc = tc_capture(n, true, go0, NULL, w0, &fw, NULL, 0, &gi);
 		if (rc != 0)
 			return rc;
 		/* an output_padding of the stride or more (below the
 		 * dilation) gives the convolution positions past the input:
 		 * the first ones are grad_input */
-		lt_t *gi = cap[0];
 		for (uint32_t k = 2; gi != NULL && k < x0->rank; k++)
 			if (gi->sizes[k].c > x0->sizes[k].c)
 				gi = lt_slice(c, gi, k, IC(0),
@@ -2133,13 +2180,10 @@ static int conv_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
 	}
 	if (mask[1] && n->n->n_out > 1) {
 		static const bool wmask[3] = {false, true, false};
-		n->capture = cap;
-		rc = conv_backward(n, x0, go0, w0, *cv, wmask);
-		n->capture = NULL;
+		lt_t *gw;
+		rc = tc_capture(n, false, x0, go0, w0, &fw, wmask, 1, &gw);
 		if (rc == 0)
-			rc = cap[1] != NULL ? lset(n, 1, cap[1])
-					    : lerr(n, KILN_EUNSUPOP,
-						   "no form for this shape");
+			rc = lset(n, 1, gw);
 		if (rc != 0)
 			return rc;
 	}
@@ -2292,14 +2336,9 @@ static int conv3_fold_w(lnode_t *n, lt_t *w, const conv3_t *g, lt_t **w2)
  * the channels, [N·OD, G·KD·Cg, H, W] by [O, KD·Cg, KH, KW], in any of the
  * 2-d forms (conv_forward, its output captured), then [N·OD, O, OH, OW]
  * read as [N, O, OD, OH, OW]. */
-static int conv3d_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
-			     const conv_t *cv);
-
 static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
 {
 	cctx_t *c = n->c;
-	if (cv->transposed)
-		return conv3d_transposed(n, x, w, b, cv);
 	conv3_t g;
 	int rc = conv3_geo(n, x, w, cv, &g);
 	if (rc != 0)
@@ -2334,15 +2373,10 @@ static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
  * over grad_output as [N·OD, O, OH, OW]; grad_input the sum of the folded
  * input's gradient over the depth taps that read each depth, d = od·sd -
  * pd + kd·dd; grad_weight the folded weight's, unfolded. */
-static int conv3d_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
-				const conv_t *cv, const bool *mask);
-
 static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 		     const bool *mask)
 {
 	cctx_t *c = n->c;
-	if (cv->transposed)
-		return conv3d_transposed_bw(n, go, x, w, cv, mask);
 	conv3_t g;
 	int rc = conv3_geo(n, x, w, cv, &g);
 	if (rc != 0)
@@ -2447,124 +2481,5 @@ static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 	}
 	if (want[2])
 		rc = lset(n, 2, cap[2]);
-	return rc;
-}
-
-/* ---- transposed 3-d convolutions: the 3-d forms, as the 2-d ones ---- */
-
-/* The shape of a transposed 3-d convolution's output (tconv_shape) where
- * its output_padding is under the stride (one of the stride or more, which
- * torch allows below the dilation, is not lowered: a fallback step), and
- * cv as the convolution whose input gradient it is (*fw). */
-static int tconv3_shape(lnode_t *n, const lt_t *x0, const lt_t *w0,
-			const conv_t *cv, kiln_dim_t *ys, conv_t *fw)
-{
-	int rc = tconv_shape(n, x0, w0, cv, ys);
-	if (rc != 0)
-		return rc;
-	for (uint32_t j = 0; j < 3; j++)
-		if (cv->op[j] >= cv->s[j])
-			return lerr(n, KILN_EUNSUPOP,
-				    "transposed 3-d convolutions with an "
-				    "output_padding of the stride or more are "
-				    "not lowered");
-	*fw = *cv;
-	fw->transposed = false;
-	memset(fw->op, 0, sizeof(fw->op));
-	return 0;
-}
-
-/* A transposed 3-d convolution (ConvTranspose3d: a volumetric U-Net's
- * decoder) is the input gradient of the 3-d convolution whose weight w0
- * is, with x0 as its grad_output (conv3d_bw's forms, the depth taps
- * folded into the channels), then the bias; as conv_transposed in 2-d. */
-static int conv3d_transposed(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b,
-			     const conv_t *cv)
-{
-	cctx_t *c = n->c;
-	kiln_dim_t ys[5];
-	conv_t fw;
-	int rc = tconv3_shape(n, x0, w0, cv, ys, &fw);
-	if (rc != 0)
-		return rc;
-	if (b != NULL && (b->rank != 1 || !dim_eq(b->sizes[0], ys[1])))
-		return lerr(n, KILN_EINVGRAPH,
-			    "bias must have one element per output channel "
-			    "(%lld)",
-			    (long long)ys[1].c);
-	lt_t *shape = lt_fn(c, x0->dtype, 5, ys, sxf(c, 0, x0->dtype));
-	if (shape == NULL)
-		return -ENOMEM;
-	static const bool mask[3] = {true, false, false};
-	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
-	n->capture = cap;
-	rc = conv3d_bw(n, x0, shape, w0, &fw, mask);
-	n->capture = saved;
-	if (rc == 0 && cap[0] == NULL)
-		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
-	if (rc != 0)
-		return rc;
-	lt_t *y = cap[0];
-	if (b != NULL) {
-		const kiln_expr_t *bi[1] = {IV(1)};
-		y = lt_fn(c, y->dtype, y->rank, y->sizes,
-			  sx_bin(c, OP_ADD, lt_body(c, y),
-				 sx_cast(c, lt_at(c, b, bi), y->dtype)));
-	}
-	return lset(n, 0, y);
-}
-
-/* Its backward: grad_input the 3-d convolution of grad_output by w0
- * (conv3d), grad_weight that convolution's weight gradient with
- * grad_output as its input and x0 as its grad_output (conv3d_bw),
- * grad_bias grad_output's sum. */
-static int conv3d_transposed_bw(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0,
-				const conv_t *cv, const bool *mask)
-{
-	kiln_dim_t ys[5];
-	conv_t fw;
-	int rc = tconv3_shape(n, x0, w0, cv, ys, &fw);
-	if (rc != 0)
-		return rc;
-	for (uint32_t k = 0; k < 5; k++)
-		if (!dim_eq(go0->sizes[k], ys[k]))
-			return lerr(
-			    n, KILN_EINVGRAPH,
-			    "grad_output does not have the convolution's "
-			    "output shape");
-	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
-	if (mask[0]) {
-		n->capture = cap;
-		rc = conv3d(n, go0, w0, NULL, &fw);
-		n->capture = saved;
-		if (rc == 0)
-			rc = cap[0] != NULL ? lset(n, 0, cap[0])
-					    : lerr(n, KILN_EUNSUPOP,
-						   "no form for this shape");
-		if (rc != 0)
-			return rc;
-	}
-	if (mask[1] && n->n->n_out > 1) {
-		static const bool wmask[3] = {false, true, false};
-		n->capture = cap;
-		rc = conv3d_bw(n, x0, go0, w0, &fw, wmask);
-		n->capture = saved;
-		if (rc == 0)
-			rc = cap[1] != NULL ? lset(n, 1, cap[1])
-					    : lerr(n, KILN_EUNSUPOP,
-						   "no form for this shape");
-		if (rc != 0)
-			return rc;
-	}
-	if (mask[2] && n->n->n_out > 2) {
-		const kiln_value_t *v = lout(n, 2);
-		kiln_dtype_t acc = compute_dtype(
-		    v != NULL && v->kind == KILN_VAL_TENSOR ? v->dtype
-							    : go0->dtype);
-		lt_t *gb;
-		rc = conv_grad_bias(n, go0, acc, &gb);
-		if (rc == 0)
-			rc = lset(n, 2, gb);
-	}
 	return rc;
 }

@@ -6284,10 +6284,11 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
  * with an output_padding. With 32 or fewer output channels the weight
  * gradient is computed transposed (bw_weight_swap). Against the
  * interpreter: U-Net's 3x3 32 -> 16 at 64², a 5x5 with padding 2, a
- * dilated 3x3, an unpadded one, a 1-d one, the weight-heavy one and a
- * transposed one with an output_padding (its backward's input gradient
- * is a forward convolution already: its forward, the input gradient of
- * the convolution of its weight, is the one checked). */
+ * dilated 3x3, an unpadded one, a 1-d one, the weight-heavy one, a
+ * transposed one with an output_padding and one without (a transposed
+ * convolution's backward input gradient is a forward convolution
+ * already: its forward, the input gradient of the convolution of its
+ * weight, is the one checked). */
 Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -6297,6 +6298,7 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 		int64_t xs[4], ws[4], pd[2], dl[2];
 		bool fwd, transposed;
 		const char *gw;
+		int64_t op; /* a transposed one's output_padding */
 	} cs[] = {
 	    {2,
 	     {2, 32, 64, 64},
@@ -6305,7 +6307,8 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     {1, 1},
 	     true,
 	     false,
-	     "[2, 288, 16] K=[4096]"},
+	     "[2, 288, 16] K=[4096]",
+	     0},
 	    {2,
 	     {2, 16, 32, 32},
 	     {24, 16, 5, 5},
@@ -6313,7 +6316,8 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     {1, 1},
 	     true,
 	     false,
-	     "[2, 400, 24] K=[1024]"},
+	     "[2, 400, 24] K=[1024]",
+	     0},
 	    {2,
 	     {2, 16, 32, 32},
 	     {16, 16, 3, 3},
@@ -6321,7 +6325,8 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     {2, 2},
 	     true,
 	     false,
-	     NULL},
+	     NULL,
+	     0},
 	    {2,
 	     {2, 16, 34, 34},
 	     {16, 16, 3, 3},
@@ -6329,7 +6334,8 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     {1, 1},
 	     true,
 	     false,
-	     NULL},
+	     NULL,
+	     0},
 	    {1,
 	     {2, 32, 1024, 0},
 	     {32, 32, 3, 0},
@@ -6337,7 +6343,8 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     {1, 0},
 	     true,
 	     false,
-	     NULL},
+	     NULL,
+	     0},
 	    {2,
 	     {2, 256, 7, 7},
 	     {256, 256, 3, 3},
@@ -6345,7 +6352,8 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     {1, 1},
 	     false,
 	     false,
-	     NULL},
+	     NULL,
+	     0},
 	    {2,
 	     {2, 32, 31, 31},
 	     {32, 16, 3, 3},
@@ -6353,9 +6361,19 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     {2, 2},
 	     false,
 	     true,
-	     NULL},
+	     NULL,
+	     1},
+	    {2,
+	     {2, 32, 32, 32},
+	     {32, 16, 3, 3},
+	     {1, 1},
+	     {1, 1},
+	     true,
+	     true,
+	     NULL,
+	     0},
 	};
-	static const int64_t st[2] = {1, 1}, op1[2] = {1, 1}, zero[2] = {0, 0};
+	static const int64_t st[2] = {1, 1};
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		char what[96];
 		snprintf(what, sizeof(what),
@@ -6366,10 +6384,10 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 			 (long long)cs[i].ws[2], (long long)cs[i].pd[0],
 			 (long long)cs[i].dl[0],
 			 cs[i].transposed ? " transposed" : "");
-		kiln_graph_t *g =
-		    conv_fwd_bwd_graph("f32", cs[i].nd, cs[i].xs, cs[i].ws, st,
-				       cs[i].pd, cs[i].transposed ? op1 : zero,
-				       1, cs[i].transposed, cs[i].dl);
+		const int64_t op[2] = {cs[i].op, cs[i].op};
+		kiln_graph_t *g = conv_fwd_bwd_graph(
+		    "f32", cs[i].nd, cs[i].xs, cs[i].ws, st, cs[i].pd, op, 1,
+		    cs[i].transposed, cs[i].dl);
 		cr_assert(g != NULL, "%s", what);
 		char *rep = NULL;
 		n_kernels(kc, g, &rep);

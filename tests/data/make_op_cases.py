@@ -1102,7 +1102,7 @@ def build_nn():
         ("f64_2x2", U(2, 8, 5, 5, dt=f64), U(8, 4, 2, 2, dt=f64), U(4, dt=f64), [2, 2], [0, 0], [1, 1], [0, 0], 1),
         ("op_dil", U(1, 2, 4, 4), U(2, 3, 3, 3), None, [1, 1], [1, 1], [2, 2], [1, 1], 1),
         ("1x1", U(2, 8, 4, 4), U(8, 6, 1, 1), U(6), [1, 1], [0, 0], [1, 1], [0, 0], 1),
-        # transposed 3-d (ops_conv.c conv3d_transposed: conv3d_bw's forms):
+        # transposed 3-d (ops_conv.c conv_transposed: conv3d_bw's forms):
         # a volumetric U-Net's 2x2x2 stride-2 up-convolution, a 3x3x3 in
         # groups with an output_padding, and one whose output_padding is
         # the stride (below the dilation): left to torch

@@ -954,12 +954,12 @@ static LLVMValueRef emit_load(gen_t *g, const sx_t *e)
  * which it stores vectors) are whole cache lines, or where it has one
  * row (nt_rows_whole): rows of another length start now on a line,
  * streamed, now within one, stored plainly, and that alternation of
- * streamed and plain rows cost far more than either (an im2col of [8, 64, 3, 3,
- * 56, 56] rows, 58 MB: 24 ms streamed against 2.5 plain; of 60-float rows 7.3
- * against 1.8; of 64-float rows 1.4 against 1.6; gelu(x)·2 + 1 over 64 MB in
- * rows of 200 f32 9.4-10.0 ms against 3.7-4.5, of 1000 4.8-5.9 against 3.4-3.6,
- * of 1024 streamed 2.6-2.8 against 3.6: kilnc
- * --profile, 2 threads, a Zen 4). */
+ * streamed and plain rows cost far more than either (an im2col of [8, 64,
+ * 3, 3, 56, 56] rows, 58 MB: 24 ms streamed against 2.5 plain; of
+ * 60-float rows 7.3 against 1.8; of 64-float rows 1.4 against 1.6;
+ * gelu(x)·2 + 1 over 64 MB in rows of 200 f32 9.4-10.0 ms against 3.7-4.5,
+ * of 1000 4.8-5.9 against 3.4-3.6, of 1024 streamed 2.6-2.8 against 3.6:
+ * kilnc --profile, 2 threads, a Zen 4). */
 #define NT_FLOOR (1 << 20)
 
 /* Whether the rows of a space `sizes` (rank > 0) of esz-byte elements
@@ -3479,10 +3479,9 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 		else if (f < 0)
 			w = "template blocked, A and B packed: mm/bmm/addmm/"
 			    "baddbmm or a weight gradient's, at least 2^21 "
-			    "multiply-adds and 32 "
-			    "columns, B transposed or 512 rows and more, A at "
-			    "most 8 MiB, and K over 4096 or A over 2 MiB not "
-			    "row-major";
+			    "multiply-adds and 32 columns, B transposed or 512 "
+			    "rows and more, A at most 8 MiB, and K over 4096 "
+			    "or A over 2 MiB not row-major";
 	} else if (form == 2 && f < 0 && !c->blas_avx512) {
 		w = "template packing B a panel at a time: at least 2^21 "
 		    "multiply-adds and 32 columns, K at most 4096, A at most "
@@ -3491,9 +3490,9 @@ static int tmpl_form(cctx_t *c, const cnode_t *n, const char **why)
 	} else if (form == 2 && f < 0) {
 		w = "template packing B a panel at a time: mm/bmm/addmm/"
 		    "baddbmm or a weight gradient's, at least 2^21 "
-		    "multiply-adds and 32 columns, B "
-		    "transposed or 512 rows and more, A at most 8 MiB (2 "
-		    "MiB where not row-major), K at most 4096";
+		    "multiply-adds and 32 columns, B transposed or 512 rows "
+		    "and more, A at most 8 MiB (2 MiB where not row-major), "
+		    "K at most 4096";
 	}
 	if (why != NULL)
 		*why = w;

@@ -1742,6 +1742,9 @@ static bool bw_input_forward_ok(cctx_t *c, const lnode_t *n, const conv_t *cv,
 		(!batched && conv_use_tiled(c, n, O * KH * KW, H, W, N, acc)));
 }
 
+static int tc_capture(lnode_t *n, bool fwd, lt_t *a, lt_t *x, lt_t *w,
+		      const conv_t *fw, const bool *mask, int k, lt_t **out);
+
 /* grad_input of a stride-1 convolution (where bw_input_forward_ok) as the
  * forward convolution of grad_output by the weight flipped along its taps
  * and with its channel dims swapped, W'[c, o, kh, kw] = W[o, c, KH-1-kh,
@@ -1790,15 +1793,7 @@ static int bw_input_forward(lnode_t *n, lt_t *go, lt_t *w, const conv_t *cv,
 		fw.p[j] = cv->d[j] * ((j == 0 ? KH : KW) - 1) - cv->p[j];
 		fw.op[j] = 0;
 	}
-	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
-	n->capture = cap;
-	rc = conv_forward(n, go, wf, NULL, fw);
-	n->capture = saved;
-	if (rc != 0)
-		return rc;
-	*gi = cap[0];
-	return *gi != NULL ? 0
-			   : lerr(n, KILN_EUNSUPOP, "no form for this shape");
+	return tc_capture(n, true, go, NULL, wf, &fw, NULL, 0, gi);
 }
 
 static int conv_backward(lnode_t *n, lt_t *go0, lt_t *x0, lt_t *w0, conv_t cv,

@@ -1,6 +1,6 @@
 /*
  * ops_conv.c — convolution (1-d, 2-d and 3-d, stride, padding, dilation,
- * groups; transposed 1-d and 2-d) and its backward.
+ * groups; transposed too) and its backward.
  *
  * Forward, by shape:
  *   1x1, stride 1, no padding, groups == 1: out[n] = W @ x[n] viewed as
@@ -38,21 +38,23 @@
  * large -- MobileNetV2's training step 1.06x → 0.72x eager): grad_weight = Σ_n
  * gO[n] @ col[n]ᵀ (im2col as in the forward, one batched GEMM, then a sum over
  * n) and grad_input = col2im(Wᵀ @ gO[n]) (one batched GEMM, then a gather-sum
- * over KH·KW). Otherwise the direct forms: grad_bias   = Σ_{n,oh,ow} gO
- *   grad_input  = Σ_{o in group, kh, kw} gO[n, o, oh, ow] · w[o, c - g·Cg, kh,
- * kw] with oh = (h + ph - kh·dh) / sh when exact and in range grad_weight =
- * Σ_{n,oh,ow} gO[n, o, oh, ow] · x[n, g·Cg + cg, ih, iw] as reductions over
- * virtual higher-rank tensors.
- * Transposed (conv_transposed, conv_transposed_bw): the forward is the
- * input gradient above with x as grad_output; its backward is a forward
- * convolution (grad_input) and the weight gradient above with the roles of
- * x and grad_output swapped.
- * 3-d (conv3d, conv3d_bw): the 2-d convolution over (H, W) of the input
- * with its depth taps folded into the channels, [N·OD, C·KDe, H, W] by the
- * weight viewed [O, Cg·KDe, KH, KW], in any 2-d form; only the KDe taps
- * that read the input at some output depth are kept (R3D's last layers,
- * depth 1 padded by 1: the middle one). Transposed 3-d convolutions are
- * not lowered (a fallback step).
+ * over KH·KW; for a stride-1 convolution on AVX-512 grad_input is instead
+ * the forward convolution of gO by the flipped weight, bw_input_forward,
+ * and with 32 output channels or fewer grad_weight's product is taken
+ * transposed, bw_weight_swap). Otherwise the direct forms: grad_bias   =
+ * Σ_{n,oh,ow} gO grad_input  = Σ_{o in group, kh, kw} gO[n, o, oh, ow] · w[o, c
+ * - g·Cg, kh, kw] with oh = (h + ph - kh·dh) / sh when exact and in range
+ * grad_weight = Σ_{n,oh,ow} gO[n, o, oh, ow] · x[n, g·Cg + cg, ih, iw] as
+ * reductions over virtual higher-rank tensors. Transposed (conv_transposed,
+ * conv_transposed_bw, for every rank): the forward is the input gradient above
+ * (conv3d_bw's in 3-d) with x as grad_output; its backward is a forward
+ * convolution (grad_input) and the weight gradient above with the roles of x
+ * and grad_output swapped. 3-d (conv3d, conv3d_bw): the 2-d convolution over
+ * (H, W) of the input with its depth taps folded into the channels, [N·OD,
+ * C·KDe, H, W] by the weight viewed [O, Cg·KDe, KH, KW], in any 2-d form; only
+ * the KDe taps that read the input at some output depth are kept (R3D's last
+ * layers, depth 1 padded by 1: the middle one). A transposed 3-d one whose
+ * output_padding is its stride or more is not lowered (a fallback step).
  */
 #include "compiler/ops.h"
 

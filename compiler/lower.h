@@ -81,6 +81,11 @@ lt_t *lt_reshape(cctx_t *c, const lt_t *t, uint32_t rank,
 		 const kiln_dim_t *sizes);
 lt_t *lt_slice(cctx_t *c, const lt_t *t, uint32_t d, const kiln_expr_t *start,
 	       const kiln_expr_t *len, int64_t step);
+/* The concatenation of parts along dim ud, as a function of rank and sizes
+ * whose body picks the part (NULL where the parts' sizes at ud do not add
+ * up to sizes[ud], or np is 0 or over 64). */
+lt_t *lt_cat(cctx_t *c, lt_t *const *parts, uint32_t np, uint32_t ud,
+	     kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sizes);
 /* Applies a guard to every load in e (for pads, cats). */
 const sx_t *sx_guard(cctx_t *c, const sx_t *e, const sx_t *guard);
 

@@ -53,7 +53,9 @@
  * (H, W) of the input with its depth taps folded into the channels, [N·OD,
  * C·KDe, H, W] by the weight viewed [O, Cg·KDe, KH, KW], in any 2-d form; only
  * the KDe taps that read the input at some output depth are kept (R3D's last
- * layers, depth 1 padded by 1: the middle one). A transposed 3-d one whose
+ * layers, depth 1 padded by 1: the middle one), and the runs of output depths
+ * that read fewer taps (the first and last of a padded one) are parts of their
+ * own without the padding's taps (conv3_parts). A transposed 3-d one whose
  * output_padding is its stride or more is not lowered (a fallback step).
  */
 #include "compiler/ops.h"
@@ -2204,8 +2206,67 @@ typedef struct conv3 {
 	/* the depth taps that read the input at some output depth: kd0 ..
 	 * kd0 + KDe - 1 (the others read only padding) */
 	int64_t kd0, KDe;
+	/* the output depths computed: od0 .. od0 + nod - 1 (a part, see
+	 * conv3_parts; else all of them) */
+	int64_t od0, nod;
 	conv_t c2; /* the 2-d convolution over (H, W) */
 } conv3_t;
+
+/* The depth taps kd that read the input at output depth od: *lo .. *hi
+ * (*lo > *hi: none). The input depth od·sd - pd + kd·dd grows with kd, so
+ * they are a range. */
+static void conv3_taps(const conv3_t *g, const conv_t *cv, int64_t od,
+		       int64_t *lo, int64_t *hi)
+{
+	*lo = 0, *hi = -1;
+	for (int64_t kd = 0; kd < g->KD; kd++) {
+		int64_t dep = od * cv->s[0] - cv->p[0] + kd * cv->d[0];
+		if (dep < 0 || dep >= g->D)
+			continue;
+		if (*hi < *lo)
+			*lo = kd;
+		*hi = kd;
+	}
+}
+
+#define CONV3_MAX_PARTS 8
+
+/* The parts a 3-d convolution is computed in: runs of output depths whose
+ * taps read the same depth taps, each its own 2-d convolution with only
+ * those taps in its channels. The first and last depths of a padded
+ * convolution read fewer taps (R3D's 3x3x3 over 4 frames: 2, 3, 3, 2 of
+ * them), and their multiply-adds with the padding are skipped, as oneDNN's
+ * direct convolution does. Split only where that saves an eighth of the
+ * multiply-adds, else one part: all depths by the kept taps (g itself). */
+static int conv3_parts(const conv3_t *g, const conv_t *cv, conv3_t *parts)
+{
+	int np = 0;
+	int64_t kept = 0;
+	for (int64_t od = 0; od < g->OD; od++) {
+		int64_t lo, hi;
+		conv3_taps(g, cv, od, &lo, &hi);
+		if (hi < lo)
+			break; /* a depth of padding only: one part */
+		kept += hi - lo + 1;
+		if (np > 0 && parts[np - 1].kd0 == lo &&
+		    parts[np - 1].KDe == hi - lo + 1) {
+			parts[np - 1].nod++;
+			continue;
+		}
+		if (np == CONV3_MAX_PARTS)
+			break;
+		conv3_t *q = &parts[np++];
+		*q = *g;
+		q->od0 = od, q->nod = 1, q->kd0 = lo, q->KDe = hi - lo + 1;
+	}
+	int64_t whole = 0;
+	for (int k = 0; k < np; k++)
+		whole += parts[k].nod;
+	if (np > 1 && whole == g->OD && 8 * kept <= 7 * g->OD * g->KDe)
+		return np;
+	parts[0] = *g;
+	return 1;
+}
 
 /* The geometry of a 3-d convolution of x [N, C, D, H, W] by w [O, Cg, KD,
  * KH, KW], checked. */
@@ -2254,6 +2315,7 @@ static int conv3_geo(lnode_t *n, const lt_t *x, const lt_t *w, const conv_t *cv,
 		return lerr(n, KILN_EUNSUPOP,
 			    "every depth tap reads padding only");
 	g->kd0 = lo, g->KDe = hi - lo + 1;
+	g->od0 = 0, g->nod = g->OD;
 	g->c2 = *cv;
 	g->c2.nd = 2;
 	for (int k = 0; k < 2; k++) {
@@ -2273,25 +2335,27 @@ static const sx_t *in_range(cctx_t *c, const kiln_expr_t *e, int64_t lim)
 		      sx_bin(c, OP_LT, v, sx_consti(c, lim, KILN_DT_I64)));
 }
 
-/* The input of the 2-d convolution that the 3-d one is: xc [N·OD, C·KDe,
- * H, W], xc[n·OD + od, c·KDe + k, h, w] = x[n, c, od·sd - pd + kd·dd, h,
- * w] with kd = kd0 + k (0 past the depth), realized: each depth tap a copy
- * of the input. A group's channels stay together (c = g·Cg + cg). */
+/* The input of the 2-d convolution that the 3-d one (or its part) is: xc
+ * [N·nod, C·KDe, H, W], xc[n·nod + i, c·KDe + k, h, w] = x[n, c, od·sd -
+ * pd + kd·dd, h, w] with od = od0 + i, kd = kd0 + k (0 past the depth),
+ * realized: each depth tap a copy of the input. A group's channels stay
+ * together (c = g·Cg + cg). */
 static int conv3_fold_x(lnode_t *n, lt_t *x, const conv3_t *g, const conv_t *cv,
 			lt_t **xc)
 {
 	cctx_t *c = n->c;
-	kiln_dim_t fs[4] = {dim_const(g->N * g->OD), dim_const(g->C * g->KDe),
+	kiln_dim_t fs[4] = {dim_const(g->N * g->nod), dim_const(g->C * g->KDe),
 			    dim_const(g->H), dim_const(g->W)};
 	set_var_ranges(c, 4, fs);
-	const kiln_expr_t *od = ix_mod(c, IV(0), IC(g->OD));
+	const kiln_expr_t *od =
+	    ix_add(c, ix_mod(c, IV(0), IC(g->nod)), IC(g->od0));
 	const kiln_expr_t *kd =
 	    ix_add(c, ix_mod(c, IV(1), IC(g->KDe)), IC(g->kd0));
 	const kiln_expr_t *ch = ix_floordiv(c, IV(1), IC(g->KDe));
 	const kiln_expr_t *dep =
 	    ix_add(c, ix_sub(c, ix_mul(c, od, IC(cv->s[0])), IC(cv->p[0])),
 		   ix_mul(c, kd, IC(cv->d[0])));
-	const kiln_expr_t *xi[5] = {ix_floordiv(c, IV(0), IC(g->OD)), ch, dep,
+	const kiln_expr_t *xi[5] = {ix_floordiv(c, IV(0), IC(g->nod)), ch, dep,
 				    IV(2), IV(3)};
 	const sx_t *ok = in_range(c, dep, g->D);
 	const sx_t *body = sx_where(c, ok, sx_guard(c, lt_at(c, x, xi), ok),
@@ -2330,13 +2394,14 @@ static int conv3_fold_w(lnode_t *n, lt_t *w, const conv3_t *g, lt_t **w2)
 
 /* A 3-d convolution (Conv3d: video models' and volumetric U-Nets'): the
  * 2-d convolution over (H, W) of the input with its depth taps folded into
- * the channels, [N·OD, G·KD·Cg, H, W] by [O, KD·Cg, KH, KW], in any of the
- * 2-d forms (conv_forward, its output captured), then [N·OD, O, OH, OW]
- * read as [N, O, OD, OH, OW]. */
+ * the channels, [N·nod, G·KDe·Cg, H, W] by [O, KDe·Cg, KH, KW], in any of
+ * the 2-d forms (conv_forward, its output captured), then [N·nod, O, OH,
+ * OW] read as [N, O, nod, OH, OW]; for each part (conv3_parts), the parts
+ * concatenated along the depth. */
 static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
 {
 	cctx_t *c = n->c;
-	conv3_t g;
+	conv3_t g, parts[CONV3_MAX_PARTS];
 	int rc = conv3_geo(n, x, w, cv, &g);
 	if (rc != 0)
 		return rc;
@@ -2345,36 +2410,51 @@ static int conv3d(lnode_t *n, lt_t *x, lt_t *w, lt_t *b, const conv_t *cv)
 			    "bias must have one element per output channel "
 			    "(%lld)",
 			    (long long)g.O);
-	lt_t *xc, *w2;
-	rc = conv3_fold_x(n, x, &g, cv, &xc);
-	if (rc == 0)
-		rc = conv3_fold_w(n, w, &g, &w2);
-	if (rc != 0)
-		return rc;
-	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
-	n->capture = cap;
-	rc = conv_forward(n, xc, w2, b, g.c2);
-	n->capture = saved;
-	if (rc == 0 && cap[0] == NULL)
-		rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
-	if (rc != 0)
-		return rc;
-	kiln_dim_t y5[5] = {dim_const(g.N), dim_const(g.OD), dim_const(g.O),
-			    dim_const(g.OH), dim_const(g.OW)};
+	int np = conv3_parts(&g, cv, parts);
+	lt_t *ys[CONV3_MAX_PARTS];
 	static const uint32_t perm[5] = {0, 2, 1, 3, 4};
-	lt_t *r = lt_reshape(c, cap[0], 5, y5);
-	return lset(n, 0, r ? lt_permute(c, r, perm) : NULL);
+	for (int k = 0; k < np; k++) {
+		const conv3_t *q = &parts[k];
+		lt_t *xc, *w2;
+		rc = conv3_fold_x(n, x, q, cv, &xc);
+		if (rc == 0)
+			rc = conv3_fold_w(n, w, q, &w2);
+		if (rc != 0)
+			return rc;
+		lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
+		n->capture = cap;
+		rc = conv_forward(n, xc, w2, b, q->c2);
+		n->capture = saved;
+		if (rc == 0 && cap[0] == NULL)
+			rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
+		if (rc != 0)
+			return rc;
+		kiln_dim_t y5[5] = {dim_const(g.N), dim_const(q->nod),
+				    dim_const(g.O), dim_const(g.OH),
+				    dim_const(g.OW)};
+		lt_t *r = lt_reshape(c, cap[0], 5, y5);
+		ys[k] = r ? lt_permute(c, r, perm) : NULL;
+		if (ys[k] == NULL)
+			return -ENOMEM;
+	}
+	if (np == 1)
+		return lset(n, 0, ys[0]);
+	kiln_dim_t ys5[5] = {dim_const(g.N), dim_const(g.O), dim_const(g.OD),
+			     dim_const(g.OH), dim_const(g.OW)};
+	return lset(n, 0, lt_cat(c, ys, (uint32_t)np, 2, ys[0]->dtype, 5, ys5));
 }
 
-/* Its backward: that 2-d convolution's (conv_backward, outputs captured)
- * over grad_output as [N·OD, O, OH, OW]; grad_input the sum of the folded
- * input's gradient over the depth taps that read each depth, d = od·sd -
- * pd + kd·dd; grad_weight the folded weight's, unfolded. */
+/* Its backward: for each part, that 2-d convolution's (conv_backward,
+ * outputs captured) over the part's depths of grad_output as [N·nod, O,
+ * OH, OW]; grad_input the sum of the folded inputs' gradients over the
+ * depth taps that read each depth, d = od·sd - pd + kd·dd, each from the
+ * part of od; grad_weight the folded weights' gradients, unfolded and
+ * summed over the parts. */
 static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 		     const bool *mask)
 {
 	cctx_t *c = n->c;
-	conv3_t g;
+	conv3_t g, parts[CONV3_MAX_PARTS];
 	int rc = conv3_geo(n, x, w, cv, &g);
 	if (rc != 0)
 		return rc;
@@ -2387,42 +2467,56 @@ static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 			    "output shape");
 	bool want[3] = {mask[0], mask[1] && n->n->n_out > 1,
 			mask[2] && n->n->n_out > 2};
-	lt_t *xc, *w2;
-	kiln_dim_t xs[4] = {dim_const(g.N * g.OD), dim_const(g.C * g.KDe),
-			    dim_const(g.H), dim_const(g.W)};
-	/* grad_input reads only the folded input's sizes */
-	rc = want[1] ? conv3_fold_x(n, x, &g, cv, &xc) : 0;
-	if (!want[1])
-		xc = lt_fn(c, x->dtype, 4, xs, sxf(c, 0, x->dtype));
-	if (rc == 0)
-		rc = conv3_fold_w(n, w, &g, &w2);
-	if (rc != 0 || xc == NULL)
-		return rc != 0 ? rc : -ENOMEM;
+	int np = conv3_parts(&g, cv, parts);
+	/* the parts' bias gradients would be summed: one over grad_output */
+	bool pwant[3] = {want[0], want[1], want[2] && np == 1};
+	lt_t *gx[CONV3_MAX_PARTS], *gw[CONV3_MAX_PARTS], *gb = NULL;
 	static const uint32_t perm[5] = {0, 2, 1, 3, 4};
-	kiln_dim_t g4[4] = {dim_const(g.N * g.OD), dim_const(g.O),
-			    dim_const(g.OH), dim_const(g.OW)};
-	lt_t *gp = lt_permute(c, go, perm);
-	lt_t *go2 = gp ? lt_reshape(c, gp, 4, g4) : NULL;
-	if (go2 == NULL)
-		return -ENOMEM;
-	lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
-	n->capture = cap;
-	rc = conv_backward(n, go2, xc, w2, g.c2, want);
-	n->capture = saved;
-	for (int k = 0; rc == 0 && k < 3; k++)
-		if (want[k] && cap[k] == NULL)
-			rc = lerr(n, KILN_EUNSUPOP, "no form for this shape");
-	if (rc != 0)
-		return rc;
+	for (int k = 0; k < np; k++) {
+		const conv3_t *q = &parts[k];
+		lt_t *xc, *w2;
+		kiln_dim_t xs[4] = {dim_const(g.N * q->nod),
+				    dim_const(g.C * q->KDe), dim_const(g.H),
+				    dim_const(g.W)};
+		/* grad_input reads only the folded input's sizes */
+		rc = want[1] ? conv3_fold_x(n, x, q, cv, &xc) : 0;
+		if (!want[1])
+			xc = lt_fn(c, x->dtype, 4, xs, sxf(c, 0, x->dtype));
+		if (rc == 0)
+			rc = conv3_fold_w(n, w, q, &w2);
+		if (rc != 0 || xc == NULL)
+			return rc != 0 ? rc : -ENOMEM;
+		kiln_dim_t g4[4] = {dim_const(g.N * q->nod), dim_const(g.O),
+				    dim_const(g.OH), dim_const(g.OW)};
+		lt_t *gp = np == 1
+			       ? go
+			       : lt_slice(c, go, 2, IC(q->od0), IC(q->nod), 1);
+		gp = gp ? lt_permute(c, gp, perm) : NULL;
+		lt_t *go2 = gp ? lt_reshape(c, gp, 4, g4) : NULL;
+		if (go2 == NULL)
+			return -ENOMEM;
+		lt_t **saved = n->capture, *cap[3] = {NULL, NULL, NULL};
+		n->capture = cap;
+		rc = conv_backward(n, go2, xc, w2, q->c2, pwant);
+		n->capture = saved;
+		for (int j = 0; rc == 0 && j < 3; j++)
+			if (pwant[j] && cap[j] == NULL)
+				rc = lerr(n, KILN_EUNSUPOP,
+					  "no form for this shape");
+		if (rc != 0)
+			return rc;
+		gx[k] = cap[0], gw[k] = cap[1], gb = cap[2];
+	}
 	if (want[0]) {
-		/* over [N, C, D, KDe, H, W], reduce KDe */
+		/* over [N, C, D, KDe, H, W], reduce KDe; the taps kd0 ..
+		 * kd0 + KDe - 1 of every depth, where od's part reads them */
 		kiln_dim_t fs[6] = {dim_const(g.N), dim_const(g.C),
 				    dim_const(g.D), dim_const(g.KDe),
 				    dim_const(g.H), dim_const(g.W)};
 		set_var_ranges(c, 6, fs);
-		const kiln_expr_t *t = ix_sub(
-		    c, ix_add(c, IV(2), IC(cv->p[0])),
-		    ix_mul(c, ix_add(c, IV(3), IC(g.kd0)), IC(cv->d[0])));
+		const kiln_expr_t *kd = ix_add(c, IV(3), IC(g.kd0));
+		const kiln_expr_t *t = ix_sub(c, ix_add(c, IV(2), IC(cv->p[0])),
+					      ix_mul(c, kd, IC(cv->d[0])));
 		const kiln_expr_t *od = ix_floordiv(c, t, IC(cv->s[0]));
 		const sx_t *ok = in_range(c, od, g.OD);
 		if (cv->s[0] > 1) /* the tap lands on an output depth */
@@ -2431,52 +2525,89 @@ static int conv3d_bw(lnode_t *n, lt_t *go, lt_t *x, lt_t *w, const conv_t *cv,
 			    sx_bin(c, OP_EQ,
 				   sx_index(c, ix_mod(c, t, IC(cv->s[0]))),
 				   sx_consti(c, 0, KILN_DT_I64)));
-		const kiln_expr_t *ch =
-		    ix_add(c, ix_mul(c, IV(1), IC(g.KDe)), IV(3));
-		const kiln_expr_t *gi[4] = {
-		    ix_add(c, ix_mul(c, IV(0), IC(g.OD)), od), ch, IV(4),
-		    IV(5)};
-		lt_t *gx = cap[0];
-		const sx_t *body =
-		    sx_where(c, ok, sx_guard(c, lt_at(c, gx, gi), ok),
-			     sxf(c, 0, gx->dtype));
+		const sx_t *body = sxf(c, 0, gx[0]->dtype);
+		for (int k = np; k-- > 0;) {
+			const conv3_t *q = &parts[k];
+			const kiln_expr_t *i = ix_sub(c, od, IC(q->od0));
+			const kiln_expr_t *j = ix_sub(c, kd, IC(q->kd0));
+			const sx_t *in =
+			    np == 1 ? ok
+				    : sx_bin(c, OP_AND,
+					     sx_bin(c, OP_AND, ok,
+						    in_range(c, i, q->nod)),
+					     in_range(c, j, q->KDe));
+			const kiln_expr_t *gi[4] = {
+			    ix_add(c, ix_mul(c, IV(0), IC(q->nod)), i),
+			    ix_add(c, ix_mul(c, IV(1), IC(q->KDe)), j), IV(4),
+			    IV(5)};
+			body = sx_where(
+			    c, in, sx_guard(c, lt_at(c, gx[k], gi), in), body);
+		}
 		set_var_ranges(c, 0, NULL);
-		lt_t *full = lt_fn(c, gx->dtype, 6, fs, body), *r;
+		lt_t *full = lt_fn(c, gx[0]->dtype, 6, fs, body), *r;
 		if (full == NULL)
 			return -ENOMEM;
-		rc = lred(n, full, 1u << 3, false, RED_SUM, gx->dtype, &r);
+		rc = lred(n, full, 1u << 3, false, RED_SUM, gx[0]->dtype, &r);
 		if (rc == 0)
 			rc = lset(n, 0, r);
 		if (rc != 0)
 			return rc;
 	}
 	if (want[1]) {
-		/* [O, Cg·KDe, KH, KW] as [O, Cg, KD, KH, KW]: 0 at the taps
-		 * that read padding only */
+		/* [O, Cg·KDe, KH, KW] as [O, Cg, KD, KH, KW] for each part,
+		 * summed: 0 at the taps that read padding only */
 		kiln_dim_t ws[5] = {dim_const(g.O), dim_const(g.Cg),
 				    dim_const(g.KD), dim_const(g.KH),
 				    dim_const(g.KW)};
-		lt_t *gw = cap[1], *r;
-		if (g.KDe == g.KD) {
-			r = lt_reshape(c, gw, 5, ws);
+		lt_t *r;
+		if (np == 1 && g.KDe == g.KD) {
+			r = lt_reshape(c, gw[0], 5, ws);
 		} else {
-			set_var_ranges(c, 5, ws);
-			const kiln_expr_t *k = ix_sub(c, IV(2), IC(g.kd0));
-			const sx_t *ok = in_range(c, k, g.KDe);
-			const kiln_expr_t *wi[4] = {
-			    IV(0), ix_add(c, ix_mul(c, IV(1), IC(g.KDe)), k),
-			    IV(3), IV(4)};
-			const sx_t *body =
-			    sx_where(c, ok, sx_guard(c, lt_at(c, gw, wi), ok),
-				     sxf(c, 0, gw->dtype));
+			/* over [O·Cg, KD·KH·KW]: a part's taps are a range
+			 * of its columns, their loads contiguous ([O, Cg,
+			 * KD, KH, KW], rows of KW, had unfolded R3D's three
+			 * 512 -> 512 gradients in 9.5 ms) */
+			const int64_t T = g.KH * g.KW;
+			kiln_dim_t f2[2] = {dim_const(g.O * g.Cg),
+					    dim_const(g.KD * T)};
+			set_var_ranges(c, 2, f2);
+			const sx_t *body = NULL;
+			for (int k = 0; k < np; k++) {
+				const conv3_t *q = &parts[k];
+				kiln_dim_t p2[2] = {f2[0],
+						    dim_const(q->KDe * T)};
+				lt_t *gk = lt_reshape(c, gw[k], 2, p2);
+				if (gk == NULL)
+					return -ENOMEM;
+				const kiln_expr_t *j =
+				    ix_sub(c, IV(1), IC(q->kd0 * T));
+				const sx_t *ok = in_range(c, j, q->KDe * T);
+				const kiln_expr_t *wi[2] = {IV(0), j};
+				const sx_t *v = sx_where(
+				    c, ok, sx_guard(c, lt_at(c, gk, wi), ok),
+				    sxf(c, 0, gk->dtype));
+				body = body ? sx_bin(c, OP_ADD, body, v) : v;
+			}
 			set_var_ranges(c, 0, NULL);
-			r = lt_fn(c, gw->dtype, 5, ws, body);
+			lt_t *t = lt_fn(c, gw[0]->dtype, 2, f2, body);
+			rc = t ? lt_realize(c, t, (int32_t)n->index, &t)
+			       : -ENOMEM;
+			if (rc != 0)
+				return rc;
+			r = lt_reshape(c, t, 5, ws);
 		}
 		rc = lset(n, 1, r);
 		if (rc != 0)
 			return rc;
 	}
-	if (want[2])
-		rc = lset(n, 2, cap[2]);
+	if (want[2] && np > 1) {
+		const kiln_value_t *v = lout(n, 2);
+		kiln_dtype_t acc = compute_dtype(
+		    v != NULL && v->kind == KILN_VAL_TENSOR ? v->dtype
+							    : go->dtype);
+		rc = conv_grad_bias(n, go, acc, &gb);
+	}
+	if (rc == 0 && want[2])
+		rc = lset(n, 2, gb);
 	return rc;
 }

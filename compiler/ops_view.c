@@ -653,6 +653,56 @@ int low_split(cctx_t *c, lnode_t *n)
 	return 0;
 }
 
+/* The sum of the parts' sizes at dim ud. */
+static const kiln_expr_t *lt_cat_len(cctx_t *c, lt_t *const *parts, uint32_t np,
+				     uint32_t ud)
+{
+	const kiln_expr_t *len = ix_const(c, 0);
+	for (uint32_t i = 0; i < np; i++)
+		len = ix_add(c, len, ix_dim(c, parts[i]->sizes[ud]));
+	return len;
+}
+
+lt_t *lt_cat(cctx_t *c, lt_t *const *parts, uint32_t np, uint32_t ud,
+	     kiln_dtype_t dt, uint32_t rank, const kiln_dim_t *sizes)
+{
+	if (np == 0 || np > 64)
+		return NULL;
+	const kiln_expr_t *offs[65];
+	offs[0] = ix_const(c, 0);
+	for (uint32_t i = 0; i < np; i++)
+		offs[i + 1] =
+		    ix_add(c, offs[i], ix_dim(c, parts[i]->sizes[ud]));
+	if (!dim_eq(dim_of(offs[np]), sizes[ud]))
+		return NULL; /* low_cat has said why */
+	const kiln_expr_t *v = ix_var(c, ud);
+	const sx_t *body = NULL;
+	for (uint32_t i = np; i-- > 0;) {
+		const kiln_expr_t *map[CIR_MAX_RANK];
+		for (uint32_t k = 0; k < rank; k++)
+			map[k] = ix_var(c, k);
+		map[ud] = ix_sub(c, v, offs[i]);
+		const sx_t *pv =
+		    sx_cast(c, lt_at(c, parts[i], map), compute_dtype(dt));
+		if (body == NULL) {
+			body = i == 0
+				   ? pv
+				   : sx_guard(c, pv,
+					      sx_bin(c, OP_GE, sx_index(c, v),
+						     sx_index(c, offs[i])));
+			continue;
+		}
+		const sx_t *lt_end =
+		    sx_bin(c, OP_LT, sx_index(c, v), sx_index(c, offs[i + 1]));
+		const sx_t *g = i == 0 ? lt_end
+				       : sx_bin(c, OP_AND, lt_end,
+						sx_bin(c, OP_GE, sx_index(c, v),
+						       sx_index(c, offs[i])));
+		body = sx_where(c, lt_end, sx_guard(c, pv, g), body);
+	}
+	return lt_fn(c, dt, rank, sizes, body);
+}
+
 /* cat (0) and stack (1). */
 int low_cat(cctx_t *c, lnode_t *n)
 {
@@ -705,43 +755,12 @@ int low_cat(cctx_t *c, lnode_t *n)
 	}
 	if (np == 1)
 		return lset(n, 0, parts[0]);
-	/* offsets */
-	const kiln_expr_t *offs[65];
-	offs[0] = ix_const(c, 0);
-	for (uint32_t i = 0; i < np; i++)
-		offs[i + 1] =
-		    ix_add(c, offs[i], ix_dim(c, parts[i]->sizes[ud]));
-	if (!dim_eq(dim_of(offs[np]), sizes[ud]))
+	if (!dim_eq(dim_of(lt_cat_len(c, parts, np, ud)), sizes[ud]))
 		return lerr(n, KILN_EINVGRAPH,
 			    "the parts' sizes do not add up to out 0's size "
 			    "at dim %u",
 			    ud);
-	const kiln_expr_t *v = ix_var(c, ud);
-	const sx_t *body = NULL;
-	for (uint32_t i = np; i-- > 0;) {
-		const kiln_expr_t *map[CIR_MAX_RANK];
-		for (uint32_t k = 0; k < rank; k++)
-			map[k] = ix_var(c, k);
-		map[ud] = ix_sub(c, v, offs[i]);
-		const sx_t *pv =
-		    sx_cast(c, lt_at(c, parts[i], map), compute_dtype(dt));
-		if (body == NULL) {
-			body = i == 0
-				   ? pv
-				   : sx_guard(c, pv,
-					      sx_bin(c, OP_GE, sx_index(c, v),
-						     sx_index(c, offs[i])));
-			continue;
-		}
-		const sx_t *lt_end =
-		    sx_bin(c, OP_LT, sx_index(c, v), sx_index(c, offs[i + 1]));
-		const sx_t *g = i == 0 ? lt_end
-				       : sx_bin(c, OP_AND, lt_end,
-						sx_bin(c, OP_GE, sx_index(c, v),
-						       sx_index(c, offs[i])));
-		body = sx_where(c, lt_end, sx_guard(c, pv, g), body);
-	}
-	return lset(n, 0, lt_fn(c, dt, rank, sizes, body));
+	return lset(n, 0, lt_cat(c, parts, np, ud, dt, rank, sizes));
 }
 
 int low_pad(cctx_t *c, lnode_t *n)

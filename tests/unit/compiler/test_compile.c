@@ -6219,16 +6219,20 @@ Test(dynamic, symbolic_fallbacks_are_counted)
 /* 3-d convolutions, forward and backward, are kernels (no fallback step):
  * the 2-d convolution over (H, W) with the depth taps that read the input
  * folded into the channels, its products through BLAS or kiln's templates.
- * Against the interpreter: R3D's 3x3x3 at depth 4, its last layers' depth
- * 1 (only the middle tap reads the input: a third of the products), one
- * strided in depth and grouped in f64. */
+ * The output depths whose taps read fewer input depths (the first and last
+ * of a padded one) are their own parts, without the padding's taps: R3D's
+ * 3x3x3 at depth 4 is a product of K = 16·18 for depths 0 and 3 and one of
+ * 16·27 for 1 and 2. A weight gradient with taps left out is unfolded over
+ * [O·Cg, KD·KH·KW]. Against the interpreter: that one, its last layers'
+ * depth 1 (only the middle tap reads the input: a third of the products),
+ * one strided in depth and grouped in f64 (three parts). */
 Test(lowering, conv3d_is_kernels, .timeout = 300)
 {
 	kiln_compiler_t *kc = new_compiler();
 	static const struct {
 		const char *dt;
 		int64_t x5[5], w5[5], st[3], pd[3], G;
-		const char *k;
+		const char *k, *gw;
 	} cases[] = {
 	    {"f32",
 	     {2, 16, 4, 12, 12},
@@ -6236,21 +6240,24 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 	     {1, 1, 1},
 	     {1, 1, 1},
 	     1,
-	     "K=432"},
+	     "K=[288]",
+	     "pointwise kernel [512, 27]"},
 	    {"f32",
 	     {2, 64, 1, 6, 6},
 	     {64, 64, 3, 3, 3},
 	     {1, 1, 1},
 	     {1, 1, 1},
 	     1,
-	     "K=[576]"},
+	     "K=[576]",
+	     "pointwise kernel [4096, 27]"},
 	    {"f64",
 	     {1, 8, 5, 7, 7},
 	     {8, 4, 3, 3, 3},
 	     {2, 1, 1},
 	     {1, 1, 1},
 	     2,
-	     NULL},
+	     "K=[72]",
+	     "pointwise kernel [32, 27]"},
 	};
 	static const int64_t zero3[3] = {0, 0, 0};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -6264,8 +6271,9 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 		    cases[i].pd, zero3, cases[i].G, false, NULL);
 		cr_assert(g != NULL, "%s", what);
 		expect_report_has(kc, g, "fallback", false, what);
-		if (cases[i].k != NULL) /* the folded product's depth */
-			expect_report_has(kc, g, cases[i].k, true, what);
+		/* the folded product's depth, the unfolded weight gradient */
+		expect_report_has(kc, g, cases[i].k, true, what);
+		expect_report_has(kc, g, cases[i].gw, true, what);
 		bool f64 = strcmp(cases[i].dt, "f64") == 0;
 		expect_matches_interp(kc, g, "default", 41 + i,
 				      f64 ? 1e-12 : 1e-4, what);

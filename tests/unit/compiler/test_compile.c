@@ -2801,6 +2801,42 @@ Test(conv, gemm_template_matches_the_interpreter)
 	kiln_compiler_free(kc);
 }
 
+/* The GEMM template's tiles take the output rows that waste the fewest of
+ * its 32-column register tiles (ops_conv.c conv_tile_rows_tmpl): ResNet's
+ * 128 -> 128 3x3 at 28² (K = 1152) in tiles of 8 rows, 224 columns in 7
+ * panels and 1008 KiB, where tiles of 4 rows (the most in 512 KiB) had 112
+ * columns in 4; a 56-wide image keeps 4 rows (224 columns in 504 KiB).
+ * Against the interpreter, with 16 output channels. */
+Test(conv, template_tiles_fill_the_register_tiles_columns, .timeout = 120)
+{
+	kiln_compiler_t *kc = new_compiler();
+	bool tmpl = __builtin_cpu_supports("avx512f");
+	static const convcase_t c28[] = {
+	    {"f32",
+	     2,
+	     128,
+	     28,
+	     28,
+	     16,
+	     3,
+	     {1, 1},
+	     {1, 1},
+	     {1, 1},
+	     false,
+	     false},
+	};
+	static const convcase_t c56[] = {
+	    {"f32", 2, 64, 56, 56, 16, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
+	};
+	const char *w28[] = {tmpl ? "tiles of 8 output rows (224 columns"
+				  : "im2col tiles"};
+	const char *w56[] = {tmpl ? "tiles of 4 output rows (224 columns"
+				  : "im2col tiles"};
+	check_conv_cases(kc, c28, 1, w28, 1);
+	check_conv_cases(kc, c56, 1, w56, 1);
+	kiln_compiler_free(kc);
+}
+
 /* Implicit GEMM (ops_conv.c conv_implicit, codegen.c
  * gen_conv_implicit_body: f32 with AVX-512, where a batched or
  * whole-image im2col would be built and N·OH·OW makes 4 units of columns

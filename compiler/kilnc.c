@@ -2,7 +2,8 @@
  * kilnc.c — the compiler without the daemon, for people and for tests.
  *
  *   kilnc GRAPH [--emit=summary|graph|kernels|llvm|llvm-raw|asm|artifact]
- *               [-o FILE] [--run IO] [--interp IO] [--bench] [--profile]
+ *               [-o FILE] [--run IO] [--interp IO] [--bench]
+ *               [--profile[=N|all]]
  *               [--signature]
  *
  * --run IO compiles, loads the artifact with the runtime, runs it on the
@@ -10,7 +11,8 @@
  * outputs; fallback steps run in the reference interpreter. --interp IO
  * does the same with the interpreter alone. --bench times the compile
  * (median of 5) and, with --run, the run. --profile (with --run) times
- * each plan step over 20 runs and lists the steps that take the most.
+ * each plan step over 20 runs and lists the steps that take the most (25;
+ * N with --profile=N, every one with --profile=all).
  *
  * Exit codes: 0 success; 1 the input is invalid, the compile failed, or a
  * result differs from the expected one; 2 usage.
@@ -39,7 +41,8 @@ static void usage(FILE *f)
 	    "  --run IO             compile, run on IO's inputs, compare\n"
 	    "  --interp IO          run the reference interpreter on IO\n"
 	    "  --bench              time the compile (and the run)\n"
-	    "  --profile            with --run: time each plan step\n"
+	    "  --profile[=N|all]    with --run: time each plan step (the\n"
+	    "                       costliest 25, N, or all)\n"
 	    "  --signature          print the signature (64 hex chars)\n"
 	    "  --structure          with --signature: the structure hash\n"
 	    "  --target=T           cpu (default) or cuda:sm_NN\n"
@@ -62,7 +65,8 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static bool g_profile; /* --profile */
+static bool g_profile;		     /* --profile */
+static uint32_t g_profile_rows = 25; /* --profile=N (0: all) */
 
 typedef struct prof_row {
 	double ms;
@@ -76,14 +80,15 @@ static int cmp_prof(const void *a, const void *b)
 }
 
 /* --profile: each step's mean time over 20 runs, the costliest first (at
- * most 25 lines), with the kernel it runs (kilnc --emit=kernels describes
- * it) or "fallback". */
+ * most 25 lines, --profile=N N, --profile=all every step), with the kernel
+ * it runs (kilnc --emit=kernels describes it) or "fallback". */
 static void profile_run(kiln_module_t *m, const kiln_artifact_t *a,
 			const kiln_io_t *args, uint32_t n_args, void **bufs,
 			kiln_io_t *outs, FILE *out)
 {
-	enum { RUNS = 20, SHOWN = 25 };
+	enum { RUNS = 20 };
 	uint32_t ns = kiln_module_n_steps(m);
+	uint32_t shown = g_profile_rows == 0 ? ns : g_profile_rows;
 	double *ms = calloc(ns + 1, sizeof(double));
 	prof_row_t *row = calloc(ns + 1, sizeof(*row));
 	if (ms == NULL || row == NULL) {
@@ -124,7 +129,7 @@ static void profile_run(kiln_module_t *m, const kiln_artifact_t *a,
 		"profile: %.3f ms per run over %d runs, %.3f ms in %u steps\n"
 		"  step  kernel              ms       %%\n",
 		total, RUNS, steps, ns);
-	for (uint32_t i = 0; i < ns && i < SHOWN; i++) {
+	for (uint32_t i = 0; i < ns && i < shown; i++) {
 		const kiln_art_step_t *st = &a->steps[row[i].step];
 		const char *name = st->kind == KILN_STEP_FALLBACK
 				       ? "fallback"
@@ -132,8 +137,9 @@ static void profile_run(kiln_module_t *m, const kiln_artifact_t *a,
 		fprintf(out, "  %4u  %-16s %8.3f %6.1f\n", row[i].step, name,
 			row[i].ms, steps > 0 ? 100.0 * row[i].ms / steps : 0.0);
 	}
-	if (ns > SHOWN)
-		fprintf(out, "  (%u more steps)\n", ns - SHOWN);
+	if (ns > shown)
+		fprintf(out, "  (%u more steps: --profile=all shows them)\n",
+			ns - shown);
 	free(ms);
 	free(row);
 }
@@ -442,6 +448,22 @@ int main(int argc, char **argv)
 			bench = true;
 		} else if (strcmp(a, "--profile") == 0) {
 			g_profile = true;
+		} else if (strncmp(a, "--profile=", 10) == 0) {
+			const char *v = a + 10;
+			char *end = NULL;
+			unsigned long k = strtoul(v, &end, 10);
+			if (strcmp(v, "all") == 0) {
+				k = 0;
+			} else if (*v < '1' || *v > '9' || *end != '\0' ||
+				   k > UINT32_MAX) {
+				fprintf(stderr,
+					"kilnc: --profile=%s: want a number "
+					"of rows (1 or more) or all\n",
+					v);
+				return 2;
+			}
+			g_profile = true;
+			g_profile_rows = (uint32_t)k;
 		} else if (strcmp(a, "--run") == 0 && i + 1 < argc) {
 			runio = argv[++i];
 		} else if (strcmp(a, "--interp") == 0 && i + 1 < argc) {

@@ -786,6 +786,37 @@ def test_kilnc_profile_times_every_step(kilnc):
     assert abs(pct - 100.0) < 0.5 * n  # rounded shares of the whole
 
 
+def test_kilnc_profile_all_and_n_rows(kilnc):
+    """--profile lists the costliest 25 steps and says how many it left
+    out; --profile=all lists every one, --profile=N N; a count that is not
+    one is a usage error."""
+    g = os.path.join(CORPUS_DIR, "resnet18_fwd.graph.msgpack")
+    io = os.path.join(CORPUS_DIR, "resnet18_fwd.io.msgpack")
+
+    def rows(arg):
+        r = _run([kilnc, g, "--run", io, arg])
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        h = [i for i, l in enumerate(lines) if l.startswith("profile: ")][0]
+        n = int(re.search(r"in (\d+) steps", lines[h]).group(1))
+        got = [l for l in lines[h + 2:] if re.match(r"\s+\d+\s+(kiln_k\d+|fallback)\s", l)]
+        more = [l for l in lines[h + 2:] if "more steps" in l]
+        return n, got, more
+
+    n, got, more = rows("--profile")
+    assert n > 25 and len(got) == 25, (n, got)
+    assert more == [f"  ({n - 25} more steps: --profile=all shows them)"], more
+    n, got, more = rows("--profile=all")
+    assert len(got) == n and not more
+    assert sorted(int(l.split()[0]) for l in got) == list(range(n))
+    n, got, more = rows("--profile=3")
+    assert len(got) == 3 and more == [f"  ({n - 3} more steps: --profile=all shows them)"]
+    for bad in ("0", "-1", "x", "3x", ""):
+        r = _run([kilnc, g, "--run", io, f"--profile={bad}"])
+        assert r.returncode == 2, (bad, r.stdout)
+        assert f"--profile={bad}: want a number of rows (1 or more) or all" in r.stderr
+
+
 def test_kilnc_dynamic_reshape_divides_by_constants(kilnc):
     """transformer_dyn_fwd's attention reshapes [2*s50, 192] into [s50, 2, 3,
     8, 16]: (16*i1 + i2 + 16*s50*i0) // (64*s50) is i0 // 4, as i1 < s50 and

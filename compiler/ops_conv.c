@@ -2345,15 +2345,14 @@ static int conv3_geo(lnode_t *n, const lt_t *x, const lt_t *w, const conv_t *cv,
 	}
 	g->OD = out[0], g->OH = out[1], g->OW = out[2];
 	int64_t lo = -1, hi = -1;
-	for (int64_t kd = 0; kd < g->KD; kd++)
-		for (int64_t od = 0; od < g->OD; od++) {
-			int64_t dep = od * cv->s[0] - cv->p[0] + kd * cv->d[0];
-			if (dep >= 0 && dep < g->D) {
-				lo = lo < 0 ? kd : lo;
-				hi = kd;
-				break;
-			}
+	for (int64_t od = 0; od < g->OD; od++) {
+		int64_t l, h;
+		conv3_taps(g, cv, od, &l, &h);
+		if (h >= l) {
+			lo = lo < 0 || l < lo ? l : lo;
+			hi = h > hi ? h : hi;
 		}
+	}
 	if (lo < 0)
 		return lerr(n, KILN_EUNSUPOP,
 			    "every depth tap reads padding only");

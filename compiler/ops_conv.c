@@ -305,6 +305,34 @@ static int64_t conv_tile_rows_tmpl(int64_t ckk, int64_t oh, int64_t ow)
 	return 16 * (bp - fp) >= bp ? far : best;
 }
 
+/* The GEMM template's rows per tile for n images: conv_tile_rows_tmpl's
+ * where they make CONV_TILE_MIN_UNITS units, else the fewer rows (of at
+ * least CG_TG_NR columns) that make them in the fewest panels, at most
+ * 1/8 more than r0's; 0 where none does. The template keeps its speed on narrow
+ * tiles, where the whole-image im2col and BLAS had taken small images: U-Net's
+ * 3x3 128 -> 64 at 16², batch 2, 0.46-0.50 -> 0.35-0.36 ms in tiles of 4 rows,
+ * 8 units (torch 0.38), its inference 3.75-3.79 -> 3.29-3.31 ms; at 8², 4 units
+ * at most, it stays BLAS's. */
+static int64_t conv_tile_rows_units(int64_t ckk, int64_t oh, int64_t ow,
+				    int64_t n)
+{
+	int64_t r0 = conv_tile_rows_tmpl(ckk, oh, ow);
+	if (n * ((oh + r0 - 1) / r0) >= CONV_TILE_MIN_UNITS)
+		return r0 * ow >= CG_TG_NR ? r0 : 0;
+	/* and no more than 1/8 more panels than r0's: 12² in tiles of 3
+	 * rows, 36 columns in 2 panels, would mask off 44% */
+	int64_t best = 0, bp = conv_tile_panels(r0, oh, ow);
+	bp += bp / 8 + 1;
+	for (int64_t r = r0 - 1; r >= 1 && r * ow >= CG_TG_NR; r--) {
+		if (n * ((oh + r - 1) / r) < CONV_TILE_MIN_UNITS)
+			continue;
+		int64_t p = conv_tile_panels(r, oh, ow);
+		if (p < bp)
+			best = r, bp = p;
+	}
+	return best;
+}
+
 /* t as a buffer of dtype acc (a copy when it is not one already, or when
  * unit_last asks for a unit stride along its last dim and it has not). */
 static int acc_buf(lnode_t *n, lt_t *t, kiln_dtype_t acc, bool unit_last,
@@ -420,8 +448,10 @@ static int conv_tiled(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	if (cs == NULL)
 		return -ENOMEM;
 	cs->tmpl = conv_template(c, n, acc);
-	cs->rows = cs->tmpl ? conv_tile_rows_tmpl(CKK, OH, OW)
-			    : conv_tile_rows(CKK, OH, OW, acc);
+	int64_t ru = cs->tmpl ? conv_tile_rows_units(CKK, OH, OW, N) : 0;
+	cs->rows = ru > 0     ? ru /* max-autotune may take it with none */
+		   : cs->tmpl ? conv_tile_rows_tmpl(CKK, OH, OW)
+			      : conv_tile_rows(CKK, OH, OW, acc);
 	kiln_dim_t sz[4] = {dim_const(N), dim_const(O), dim_const(OH),
 			    dim_const(OW)};
 	return lgemm_node(n, wb, xb, cs, acc, 4, sz, out);
@@ -581,9 +611,14 @@ static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 /* Whether a groups == 1 convolution takes the tiled template: the
  * max-autotune choice for the node (variant 0: tiled with the GEMM
  * template, 1: whole-image im2col, 2: tiled with BLAS; autotune.c), else
- * the recorded heuristic above. */
+ * the recorded heuristic above; with fewer, for the GEMM template, also
+ * where tiles of fewer rows make the units (conv_tile_rows_units). fewer
+ * is asked only where implicit GEMM has not taken the convolution: one
+ * image of 28², 128 -> 128, ran in 1.18-1.20 ms as implicit GEMM and 1.31
+ * in tiles of 3 rows; [1, 16, 30²] -> 20 (K = 144) 0.070-0.076 and 0.032,
+ * left to implicit GEMM all the same. */
 static bool conv_use_tiled(cctx_t *c, const lnode_t *n, int64_t CKK, int64_t OH,
-			   int64_t OW, int64_t N, kiln_dtype_t acc)
+			   int64_t OW, int64_t N, kiln_dtype_t acc, bool fewer)
 {
 	/* the scratch (one tile: at least one output row's columns) lives
 	 * on the stack: never more than CONV_TILE_BYTES */
@@ -592,6 +627,8 @@ static bool conv_use_tiled(cctx_t *c, const lnode_t *n, int64_t CKK, int64_t OH,
 		return false;
 	if (c->tune != NULL && c->tune[n->index] >= 0)
 		return c->tune[n->index] != 1;
+	if (conv_template(c, n, acc) && fewer)
+		return conv_tile_rows_units(CKK, OH, OW, N) > 0;
 	int64_t rows = conv_tile_rows(CKK, OH, OW, acc);
 	int64_t min_cols =
 	    conv_template(c, n, acc) ? CG_TG_NR : CONV_TILE_MIN_COLS;
@@ -979,8 +1016,9 @@ static int conv_forward(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b, conv_t cv)
 			  &y);
 		if (rc != 0)
 			return rc;
-	} else if ((batched || (G == 1 && !one &&
-				!conv_use_tiled(c, n, CKK, OH, OW, N, acc))) &&
+	} else if ((batched ||
+		    (G == 1 && !one &&
+		     !conv_use_tiled(c, n, CKK, OH, OW, N, acc, false))) &&
 		   conv_implicit_ok(c, n, x, acc, dims, 1)) {
 		/* implicit GEMM in place of the batched or whole-image
 		 * im2col below */
@@ -1018,7 +1056,7 @@ static int conv_forward(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b, conv_t cv)
 		rc = gemm_nchw(n, w3, b3, acc, N, O, OH, OW, &y);
 		if (rc != 0)
 			return rc;
-	} else if (G == 1 && conv_use_tiled(c, n, CKK, OH, OW, N, acc)) {
+	} else if (G == 1 && conv_use_tiled(c, n, CKK, OH, OW, N, acc, true)) {
 		rc = conv_tiled(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
@@ -1786,7 +1824,8 @@ static bool bw_input_forward_ok(cctx_t *c, const lnode_t *n, const conv_t *cv,
 	bool batched = N > 1 && H * W < CONV_BATCH_COLS_P;
 	return !direct_ok(1, O, KH, KW, N * C * H * W, W, cv) &&
 	       (conv_implicit_ok(c, n, go, acc, fd, 1) ||
-		(!batched && conv_use_tiled(c, n, O * KH * KW, H, W, N, acc)));
+		(!batched &&
+		 conv_use_tiled(c, n, O * KH * KW, H, W, N, acc, false)));
 }
 
 static int tc_capture(lnode_t *n, bool fwd, lt_t *a, lt_t *x, lt_t *w,

@@ -2806,7 +2806,10 @@ Test(conv, gemm_template_matches_the_interpreter)
  * 128 -> 128 3x3 at 28² (K = 1152) in tiles of 8 rows, 224 columns in 7
  * panels and 1008 KiB, where tiles of 4 rows (the most in 512 KiB) had 112
  * columns in 4; a 56-wide image keeps 4 rows (224 columns in 504 KiB).
- * Against the interpreter, with 16 output channels. */
+ * Two images of 16² (U-Net's 128 -> 64) take tiles of 4 rows, 8 units of
+ * 64 columns (conv_tile_rows_units), where 7 rows made 6 units and the
+ * whole-image im2col and BLAS took them. Against the interpreter, with 16
+ * output channels (64 at 16²). */
 Test(conv, template_tiles_fill_the_register_tiles_columns, .timeout = 120)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -2828,12 +2831,29 @@ Test(conv, template_tiles_fill_the_register_tiles_columns, .timeout = 120)
 	static const convcase_t c56[] = {
 	    {"f32", 2, 64, 56, 56, 16, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
 	};
+	static const convcase_t c16[] = {
+	    {"f32",
+	     2,
+	     128,
+	     16,
+	     16,
+	     64,
+	     3,
+	     {1, 1},
+	     {1, 1},
+	     {1, 1},
+	     false,
+	     false},
+	};
 	const char *w28[] = {tmpl ? "tiles of 8 output rows (224 columns"
 				  : "im2col tiles"};
 	const char *w56[] = {tmpl ? "tiles of 4 output rows (224 columns"
 				  : "im2col tiles"};
+	const char *w16[] = {tmpl ? "tiles of 4 output rows (64 columns"
+				  : "matmul via BLAS"};
 	check_conv_cases(kc, c28, 1, w28, 1);
 	check_conv_cases(kc, c56, 1, w56, 1);
+	check_conv_cases(kc, c16, 1, w16, 1);
 	kiln_compiler_free(kc);
 }
 

@@ -221,6 +221,15 @@ typedef struct convspec {
 	/* groups (implicit GEMM: a product per group, units over the groups
 	 * then the columns; the other forms take groups == 1): 1 or more */
 	int64_t G;
+	/* a stride-1 convolution's weight gradient, direct (ops_conv.c
+	 * bw_weight_direct, codegen.c gen_conv_wgrad_body): buf[o, c, kh,
+	 * kw] = sum over (n, oh, ow) of ga[n, o, oh, ow] · gb[n, c, oh +
+	 * kh·dh - ph, ow + kw·dw - pw] (0 outside), ga grad_output and gb
+	 * the input, both unit-stride along W; a unit sums wg_mo output
+	 * channels' taps (kh fixed, every kw) of one input channel in
+	 * registers; rows, tmpl and implicit unused */
+	bool wgrad;
+	int64_t wg_mo;
 } convspec_t;
 
 /* ---- kernels ------------------------------------------------------------- */
@@ -448,6 +457,8 @@ int sched_graph(cctx_t *c);
 /* codegen.c: implicit GEMM's units (convspec implicit) for a product of
  * `cols` columns (N·OH·OW): blocks of at most 256 columns */
 int64_t cg_conv_implicit_units(int64_t cols);
+/* codegen.c: the direct weight gradient's units (convspec wgrad) */
+int64_t cg_wgrad_units(const convspec_t *cs);
 /* ops_conv.c takes implicit GEMM with at least this many units (769
  * columns and more). With fewer the units leave threads idle: ResNet-18's
  * deep layers at batch 1 (196 and 49 columns, one unit) measured

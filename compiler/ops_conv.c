@@ -1396,6 +1396,72 @@ static int col2im_phases(lnode_t *n, const conv_t *cv, lt_t *gcol,
 	return y ? lset(n, 0, y) : -ENOMEM;
 }
 
+/* The direct weight gradient's output channels a unit: its accumulators,
+ * wg_mo·KW vectors, within 24 of AVX-512's 32 registers (the rest hold
+ * a row's loads). */
+static int64_t wgrad_mo(int64_t O, int64_t KW)
+{
+	int64_t mo = 24 / KW;
+	if (mo > 16)
+		mo = 16;
+	return mo < O ? mo : O;
+}
+
+/* Whether grad_weight of the convolution dims {N, C, H, W, O, KH, KW, OH,
+ * OW} is the direct kernel (bw_weight_direct): f32 on AVX-512, groups 1,
+ * stride 1, more than one tap, at most 8 taps a row and 256 output
+ * columns (a row's vectors are unrolled); by the heuristic, at most
+ * WGRAD_MAX_O output channels, a row's vectors at least 3/4 full and at
+ * least WGRAD_MIN_VECS rows' vectors a unit. Single convolutions'
+ * backward (kilnc --profile, 2 threads, the Zen 4; unfold + product ->
+ * direct, ms): U-Net's 32 -> 16 at 64², batch 2, 0.78 -> 0.45; 64 -> 64
+ * at 56² 3.8 -> 2.35; 64 -> 64 at 32², batch 8, 4.0 -> 3.0; 5x5 32 -> 32
+ * at 32² 0.76 -> 0.50. Where the im2col product's many rows run at full
+ * speed and its columns cost little, or the rows are short, it stays:
+ * 128 -> 128 at 28² 2.43 against 2.54, 256 -> 256 at 14² 2.5 against
+ * 2.85, 512 -> 512 at 7² 2.45 against 6.2 (9 lanes in 16 idle, and each
+ * unit's 24 sums as costly as its few rows), 128 -> 128 at 8² 0.42
+ * against 0.74. */
+#define WGRAD_MAX_O    64
+#define WGRAD_MIN_VECS 32
+static bool bw_weight_direct_ok(const cctx_t *c, const lnode_t *n,
+				const conv_t *cv, const int64_t *dims,
+				kiln_dtype_t acc)
+{
+	int64_t N = dims[0], O = dims[4], KH = dims[5], KW = dims[6],
+		OH = dims[7], OW = dims[8];
+	if (!conv_template(c, n, acc) || cv->groups != 1 || cv->s[0] != 1 ||
+	    cv->s[1] != 1 || KH * KW < 2 || KW > 8 || OW > 256)
+		return false;
+	int64_t nv = (OW + 15) / 16;
+	return O <= WGRAD_MAX_O && 4 * OW >= 3 * 16 * nv &&
+	       N * OH * nv >= WGRAD_MIN_VECS;
+}
+
+/* grad_weight [O, C, KH, KW] of a stride-1 convolution, direct
+ * (bw_weight_direct_ok): one compute node whose kernel
+ * (codegen.c gen_conv_wgrad_body) sums grad_output times the input
+ * shifted by each tap, with no im2col buffer. */
+static int bw_weight_direct(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *go,
+			    const int64_t *dims, kiln_dtype_t acc, lt_t **gw)
+{
+	cctx_t *c = n->c;
+	lt_t *xb, *gb;
+	int rc = acc_buf(n, x, acc, true, &xb);
+	if (rc == 0)
+		rc = acc_buf(n, go, acc, true, &gb);
+	if (rc != 0)
+		return rc;
+	convspec_t *cs = new_convspec(c, cv, dims);
+	if (cs == NULL)
+		return -ENOMEM;
+	cs->wgrad = true;
+	cs->wg_mo = wgrad_mo(dims[4], dims[6]);
+	kiln_dim_t sz[4] = {dim_const(dims[4]), dim_const(dims[1]),
+			    dim_const(dims[5]), dim_const(dims[6])};
+	return lgemm_node(n, gb, xb, cs, acc, 4, sz, gw);
+}
+
 /*
  * The backward of a groups == 1 convolution through BLAS (the forward's
  * im2col + GEMM template, run backwards):
@@ -1426,7 +1492,10 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 	 * product for grad_input (as in the forward), and for grad_weight
 	 * where a product per image would be large */
 	bool small = G > 1 || (N > 1 && OH * OW < CONV_BATCH_COLS_P);
-	bool wone = mask[1] && n->n->n_out > 1 && small &&
+	const int64_t dims[9] = {N, C, H, W, O, KH, KW, OH, OW};
+	bool direct = mask[1] && n->n->n_out > 1 &&
+		      bw_weight_direct_ok(c, n, cv, dims, acc);
+	bool wone = mask[1] && n->n->n_out > 1 && small && !direct &&
 		    (G > 1 || N * O * CKK >= CONV_BW_ONE_MIN);
 	lt_t *go2 = NULL; /* [O, N·OHW] */
 	if (wone || (mask[0] && small)) {
@@ -1434,7 +1503,16 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 		if (rc != 0)
 			return rc;
 	}
-	if (mask[1] && n->n->n_out > 1) {
+	if (direct) {
+		lt_t *gw; /* [O, C, KH, KW] */
+		rc = bw_weight_direct(n, cv, x, gb, dims, acc, &gw);
+		if (rc == 0 && cv->nd == 1)
+			gw = lt_squeeze_dim(c, gw, 2);
+		if (rc == 0)
+			rc = gw ? lset(n, 1, gw) : -ENOMEM;
+		if (rc != 0)
+			return rc;
+	} else if (mask[1] && n->n->n_out > 1) {
 		lt_t *gw; /* [O, CKK] */
 		if (wone)
 			rc = bw_weight_one(n, cv, x, go2, N, KH, KW, OW, acc,

@@ -634,7 +634,7 @@ static void fuse_epilogues(cctx_t *c)
 		bool conv = n->conv != NULL;
 		/* implicit GEMM writes [O, N·OH·OW], which the kernel after
 		 * it reads through a permutation: no tile of its rows */
-		if (conv && n->conv->implicit)
+		if (conv && (n->conv->implicit || n->conv->wgrad))
 			continue;
 		if ((!conv && cg_gemm_col_block(c, n) > 0) || pb->is_output ||
 		    pb->custom_strides || pb->last_use != (int32_t)(ki + 1) ||
@@ -1013,6 +1013,28 @@ char *sched_report(cctx_t *c)
 			const convspec_t *cs = n->conv;
 			bool f64 = c->bufs[n->buf].dtype == KILN_DT_F64;
 			int64_t ckk = cs->C / cs->G * cs->KH * cs->KW;
+			if (cs->wgrad) {
+				sb_printf(&s,
+					  "%s: convolution's weight gradient, "
+					  "direct (no im2col: grad_output "
+					  "times the input shifted by each "
+					  "tap, %lld output channels' taps "
+					  "of a row in registers a unit, %lld "
+					  "units) ",
+					  k->name, (long long)cs->wg_mo,
+					  (long long)cg_wgrad_units(cs));
+				sb_dims(c, &s, n->frank, n->fsizes, 0);
+				sb_printf(&s,
+					  " over [%lld, %lld, %lld], buf%u%s  "
+					  "<- node %d %s\n",
+					  (long long)cs->N, (long long)cs->OH,
+					  (long long)cs->OW, n->buf,
+					  c->bufs[n->buf].is_output
+					      ? " (output)"
+					      : "",
+					  n->node, c->g->nodes[n->node].op);
+				continue;
+			}
 			if (cs->implicit) {
 				sb_printf(&s,
 					  "%s: convolution as implicit GEMM, "

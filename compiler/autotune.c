@@ -325,7 +325,7 @@ static bool make_inputs(const kiln_graph_t *g, kiln_io_t *in)
 	return true;
 }
 
-#define MAX_VARIANTS 3 /* per node: see variant_name */
+#define MAX_VARIANTS 4 /* per node: see variant_name */
 
 /* Times the variants' artifacts (nv of them, consumed) on the same inputs,
  * runs interleaved (A B C A B C ..., so that whatever else the machine
@@ -396,7 +396,9 @@ static void time_variants(kiln_artifact_t **a, int nv, const kiln_graph_t *g,
  * template by codegen.c's rule for products; in f32 on AVX-512 implicit
  * GEMM where it has the units, ops_conv.c conv_implicit), 2 the tiled
  * template with BLAS (where a tiled form does not apply, 0 and 2 build
- * what 1 does, 2 without the GEMM template: the im2col buffer and BLAS). A
+ * what 1 does, 2 without the GEMM template: the im2col buffer and BLAS), 3
+ * the direct kernel (f32 on AVX-512, stride 1, rows of at most 4 vectors:
+ * ops_conv.c conv_fdirect; elsewhere what 0 builds). A
  * convolution whose result feeds exactly one node is timed as 0 and 2 only:
  * that node may become the tiled form's epilogue, which the whole-image form
  * rules out and a one-node timing cannot see. A product: 0 BLAS on row blocks,
@@ -409,7 +411,8 @@ static const char *variant_name(const char *op, int v, const char *text)
 	 * (where a form does not apply another is built: implicit GEMM
 	 * where the tiled template's scratch would be too large) */
 	if (strcmp(op, "aten.convolution.default") == 0)
-		return strstr(text, "as implicit GEMM") ? "implicit GEMM"
+		return strstr(text, "convolution, direct") ? "direct"
+		       : strstr(text, "as implicit GEMM")  ? "implicit GEMM"
 		       : strstr(text, "im2col tiles + GEMM template")
 			   ? "tiled im2col + GEMM template"
 		       : strstr(text, "im2col tiles + BLAS")
@@ -462,7 +465,9 @@ int kiln__autotune(kiln_compiler_t *kc, kiln_tune_cache_t *cache,
 		char *text[MAX_VARIANTS] = {NULL};
 		for (int v = 0; v < nv; v++) {
 			int8_t t1 = (int8_t)v;
-			if (conv1 && v == 1)
+			if ((conv1 && v == 1) ||
+			    (v == 3 && strcmp(g->nodes[ni].op,
+					      "aten.convolution.default") != 0))
 				continue;
 			if (kiln__compile_tuned(kc, sg, &t1, NULL, NULL,
 						&text[nd], KILN_EMIT_KERNELS,

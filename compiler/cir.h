@@ -230,6 +230,14 @@ typedef struct convspec {
 	 * registers; rows, tmpl and implicit unused */
 	bool wgrad;
 	int64_t wg_mo;
+	/* a stride-1 convolution of few output channels, direct (ops_conv.c
+	 * conv_fdirect, codegen.c gen_conv_fdirect_body): buf[n, o, oh, ow]
+	 * = sum over (c, kh, kw) of ga[o, c, kh, kw] · gb[n, c, oh + kh·dh
+	 * - ph, ow + kw·dw - pw] (0 outside), ga the weight and gb the input
+	 * (unit-stride along W); a unit computes fd_mo output channels'
+	 * fd_r output rows in registers */
+	bool fdirect;
+	int64_t fd_mo, fd_r;
 } convspec_t;
 
 /* ---- kernels ------------------------------------------------------------- */
@@ -317,6 +325,9 @@ typedef struct cctx {
 	int vec_width; /* f32 lanes */
 	bool use_libmvec;
 	bool nofuse; /* KILN_NOFUSE=1: one kernel per compute node */
+	/* tests (kiln__compiler_set_conv_direct): the direct forward
+	 * convolution by max-autotune only */
+	bool no_conv_direct;
 	/* the graph computes channels-last where it declares so (lower.c
 	 * graph_nhwc): 1x1 and depthwise convolutions, realized values */
 	bool nhwc;
@@ -459,6 +470,13 @@ int sched_graph(cctx_t *c);
 int64_t cg_conv_implicit_units(int64_t cols);
 /* codegen.c: the direct weight gradient's units (convspec wgrad) */
 int64_t cg_wgrad_units(const convspec_t *cs);
+/* ops_conv.c's heuristic for the direct forward (conv_fdirect_ok): at
+ * most this many output channels, at least this many multiply-adds an
+ * output */
+#define CG_FDIRECT_MAX_O   16
+#define CG_FDIRECT_MIN_CKK 64
+/* codegen.c: the direct forward's units (convspec fdirect) */
+int64_t cg_fdirect_units(const convspec_t *cs);
 /* ops_conv.c takes implicit GEMM with at least this many units (769
  * columns and more). With fewer the units leave threads idle: ResNet-18's
  * deep layers at batch 1 (196 and 49 columns, one unit) measured

@@ -5060,6 +5060,270 @@ static void gen_conv_wgrad_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	loop_end(g, &U);
 }
 
+/* The vectors of a row of OW outputs */
+static int64_t fd_nv(const convspec_t *cs)
+{
+	return (cs->OW + 15) / 16;
+}
+
+int64_t cg_fdirect_units(const convspec_t *cs)
+{
+	return cs->N * ((cs->O + cs->fd_mo - 1) / cs->fd_mo) *
+	       (cs->OH / cs->fd_r);
+}
+
+/* gen_conv_fdirect_body's unit for mo output channels from o0, the rows
+ * oh0 .. oh0 + R of image ni: acc[(m·R + r)·NV + v] */
+static void fd_unit(gen_t *g, const convspec_t *cs, int64_t mo, LLVMValueRef o0,
+		    LLVMValueRef ni, LLVMValueRef oh0, const LLVMValueRef *acc,
+		    LLVMValueRef zrow)
+{
+	cctx_t *c = g->c;
+	const cnode_t *n = &c->nodes[g->k->members[0].node];
+	const lt_t *wt = n->ga, *xt = n->gb;
+	LLVMTypeRef et = g->f32;
+	const int vw = 16;
+	LLVMTypeRef vt = LLVMVectorType(et, vw);
+	int64_t R = cs->fd_r, NV = fd_nv(cs), KW = cs->KW;
+	int64_t na = mo * R * NV;
+	LLVMValueRef ws[4], xs[4];
+	for (int k = 0; k < 4; k++) {
+		ws[k] = emit_ix(g, ix_dim(c, wt->strides[k]));
+		xs[k] = emit_ix(g, ix_dim(c, xt->strides[k]));
+	}
+	LLVMValueRef wp = buf_ptr(g, wt->buf), xp = buf_ptr(g, xt->buf);
+	LLVMValueRef woff = emit_ix(g, ix_dim(c, wt->offset));
+	LLVMValueRef xoff = emit_ix(g, ix_dim(c, xt->offset));
+	for (int64_t i = 0; i < na; i++)
+		LLVMBuildStore(g->b, LLVMConstNull(vt), acc[i]);
+	LLVMValueRef xn =
+	    LLVMBuildAdd(g->b, xoff, LLVMBuildMul(g->b, ni, xs[0], ""), "");
+	LLVMValueRef wo =
+	    LLVMBuildAdd(g->b, woff, LLVMBuildMul(g->b, o0, ws[0], ""), "");
+	/* one row (R == 1): only the taps kh whose input row exists */
+	LLVMValueRef klo = K64(g, 0), khi = K64(g, cs->KH);
+	if (R == 1) {
+		/* ih = oh0 + kh·dh - ph in [0, H) */
+		LLVMValueRef t = LLVMBuildSub(g->b, K64(g, cs->p[0]), oh0, "");
+		klo = imax(g, K64(g, 0),
+			   LLVMBuildSDiv(
+			       g->b,
+			       LLVMBuildAdd(g->b, t, K64(g, cs->d[0] - 1), ""),
+			       K64(g, cs->d[0]), ""));
+		LLVMValueRef u =
+		    LLVMBuildAdd(g->b, t, K64(g, cs->H - 1 + cs->d[0]), "");
+		/* kh <= (H - 1 - oh0 + ph) / dh; u >= dh > 0 here */
+		khi = imin(g, K64(g, cs->KH),
+			   LLVMBuildSDiv(g->b, imax(g, u, K64(g, 0)),
+					 K64(g, cs->d[0]), ""));
+		khi = imax(g, khi, klo);
+	}
+	loop_t Cl;
+	loop_begin(g, &Cl, K64(g, 0), K64(g, cs->C), 1);
+	LLVMValueRef xc =
+	    LLVMBuildAdd(g->b, xn, LLVMBuildMul(g->b, Cl.i, xs[1], ""), "");
+	LLVMValueRef wc =
+	    LLVMBuildAdd(g->b, wo, LLVMBuildMul(g->b, Cl.i, ws[1], ""), "");
+	loop_t Kl;
+	loop_begin(g, &Kl, klo, khi, 1);
+	LLVMValueRef ihb = LLVMBuildAdd(
+	    g->b, oh0,
+	    LLVMBuildSub(g->b, LLVMBuildMul(g->b, Kl.i, K64(g, cs->d[0]), ""),
+			 K64(g, cs->p[0]), ""),
+	    "");
+	LLVMValueRef row[4];
+	for (int64_t r = 0; r < R; r++) {
+		LLVMValueRef ih = LLVMBuildAdd(g->b, ihb, K64(g, r), "");
+		LLVMValueRef o = LLVMBuildAdd(
+		    g->b, xc, LLVMBuildMul(g->b, ih, xs[2], ""), "");
+		row[r] = LLVMBuildGEP2(g->b, et, xp, &o, 1, "");
+		if (R > 1) {
+			LLVMValueRef in = LLVMBuildAnd(
+			    g->b,
+			    LLVMBuildICmp(g->b, LLVMIntSGE, ih, K64(g, 0), ""),
+			    LLVMBuildICmp(g->b, LLVMIntSLT, ih, K64(g, cs->H),
+					  ""),
+			    "");
+			row[r] = LLVMBuildSelect(g->b, in, row[r], zrow, "");
+		}
+	}
+	LLVMValueRef wk =
+	    LLVMBuildAdd(g->b, wc, LLVMBuildMul(g->b, Kl.i, ws[2], ""), "");
+	LLVMValueRef a[24];
+	for (int64_t i = 0; i < na; i++)
+		a[i] = LLVMBuildLoad2(g->b, vt, acc[i], "");
+	for (int64_t kw = 0; kw < KW; kw++) {
+		LLVMValueRef xv[4][4];
+		for (int64_t r = 0; r < R; r++)
+			for (int64_t v = 0; v < NV; v++) {
+				uint32_t m = wgrad_lanes(cs, v, kw, vw);
+				xv[r][v] = NULL;
+				if (m == 0)
+					continue;
+				LLVMValueRef o =
+				    K64(g, v * vw + kw * cs->d[1] - cs->p[1]);
+				xv[r][v] = wgrad_load(
+				    g,
+				    LLVMBuildGEP2(g->b, et, row[r], &o, 1, ""),
+				    m, vw);
+			}
+		LLVMValueRef wkw = LLVMBuildAdd(
+		    g->b, wk, LLVMBuildMul(g->b, K64(g, kw), ws[3], ""), "");
+		for (int64_t m = 0; m < mo; m++) {
+			LLVMValueRef o = LLVMBuildAdd(
+			    g->b, wkw, LLVMBuildMul(g->b, K64(g, m), ws[0], ""),
+			    "");
+			LLVMValueRef wv = cg_splat(
+			    g,
+			    LLVMBuildLoad2(
+				g->b, et,
+				LLVMBuildGEP2(g->b, et, wp, &o, 1, ""), ""),
+			    vw);
+			for (int64_t r = 0; r < R; r++)
+				for (int64_t v = 0; v < NV; v++) {
+					if (xv[r][v] == NULL)
+						continue;
+					int64_t i = (m * R + r) * NV + v;
+					LLVMValueRef fa[3] = {wv, xv[r][v],
+							      a[i]};
+					a[i] = cg_intr(g, "llvm.fma", &vt, 1,
+						       fa, 3);
+				}
+		}
+	}
+	for (int64_t i = 0; i < na; i++)
+		LLVMBuildStore(g->b, a[i], acc[i]);
+	loop_end(g, &Kl);
+	loop_end(g, &Cl);
+	/* out[ni, o0 + m, oh0 + r, :] (contiguous [N, O, OH, OW]) */
+	LLVMValueRef op = buf_ptr(g, n->buf);
+	LLVMValueRef ob = LLVMBuildAdd(
+	    g->b,
+	    LLVMBuildMul(g->b,
+			 LLVMBuildAdd(g->b,
+				      LLVMBuildMul(g->b, ni, K64(g, cs->O), ""),
+				      o0, ""),
+			 K64(g, cs->OH * cs->OW), ""),
+	    LLVMBuildMul(g->b, oh0, K64(g, cs->OW), ""), "");
+	uint32_t tail = wgrad_lanes(cs, NV - 1, -1, vw);
+	LLVMValueRef bits[16];
+	for (int l = 0; l < vw; l++)
+		bits[l] = LLVMConstInt(g->i1, (tail >> l) & 1, 0);
+	LLVMValueRef tmask = LLVMConstVector(bits, vw);
+	LLVMTypeRef over[2] = {vt, g->ptr};
+	for (int64_t m = 0; m < mo; m++)
+		for (int64_t r = 0; r < R; r++)
+			for (int64_t v = 0; v < NV; v++) {
+				LLVMValueRef o = LLVMBuildAdd(
+				    g->b, ob,
+				    K64(g, (m * cs->OH + r) * cs->OW + v * vw),
+				    "");
+				LLVMValueRef p =
+				    LLVMBuildGEP2(g->b, et, op, &o, 1, "");
+				LLVMValueRef val = LLVMBuildLoad2(
+				    g->b, vt, acc[(m * R + r) * NV + v], "");
+				if (v == NV - 1 && tail != 0xffffu) {
+					LLVMValueRef args[4] = {
+					    val, p, LLVMConstInt(g->i32, 4, 0),
+					    tmask};
+					cg_intr(g, "llvm.masked.store", over, 2,
+						args, 4);
+				} else {
+					LLVMValueRef st =
+					    LLVMBuildStore(g->b, val, p);
+					LLVMSetAlignment(st, 4);
+				}
+			}
+	if (g->k->has_epilogue) {
+		/* the epilogue on these rows of each channel: units (n·O +
+		 * o)·OH + oh0 .. + R of its [N, O, OH, OW] extent */
+		for (int64_t m = 0; m < mo; m++) {
+			LLVMValueRef u0 = LLVMBuildAdd(
+			    g->b,
+			    LLVMBuildMul(
+				g->b,
+				LLVMBuildAdd(
+				    g->b,
+				    LLVMBuildMul(g->b, ni, K64(g, cs->O), ""),
+				    LLVMBuildAdd(g->b, o0, K64(g, m), ""), ""),
+				K64(g, cs->OH), ""),
+			    oh0, "");
+			call_epilogue(g, n->buf, NULL, u0,
+				      LLVMBuildAdd(g->b, u0, K64(g, R), ""));
+		}
+	}
+}
+
+/* A stride-1 convolution of few output channels, direct (convspec
+ * fdirect; f32, 16 lanes). Unit u = (ni · RB + rb) · OB + ob computes
+ * output channels o0 = ob·MO .. + MO (the last block the MO' left, a
+ * variant of its own) at the fd_r output rows from rb·fd_r of image ni:
+ * MO·fd_r·NV accumulators of 16 lanes in registers over the sum of
+ * (c, kh, kw), a vector of the input (rows shifted by kw, their lane masks
+ * known here; a row in the padding reads a zero row) feeding MO FMAs and
+ * each weight, broadcast, fd_r·NV. Then its rows are stored, and the
+ * epilogue (sched.c fuse_epilogues) runs on them while they are in
+ * cache. In place of im2col tiles whose columns fed few rows: U-Net's
+ * 32 -> 16 3x3 at 64², batch 2. */
+static void gen_conv_fdirect_body(gen_t *g, LLVMValueRef begin,
+				  LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	const cnode_t *n = &c->nodes[g->k->members[0].node];
+	const convspec_t *cs = n->conv;
+	LLVMTypeRef et = g->f32;
+	const int vw = 16;
+	LLVMTypeRef vt = LLVMVectorType(et, vw);
+	int64_t MO = cs->fd_mo, R = cs->fd_r, NV = fd_nv(cs);
+	int64_t OB = (cs->O + MO - 1) / MO, RB = cs->OH / R;
+	int64_t tail = cs->O - (OB - 1) * MO;
+	LLVMValueRef acc[24];
+	for (int64_t i = 0; i < MO * R * NV; i++) {
+		acc[i] = entry_alloca(g, vt);
+		LLVMSetAlignment(acc[i], 64);
+	}
+	/* a row of zeros for the rows in the padding (R > 1): W floats */
+	LLVMValueRef zrow = NULL;
+	if (R > 1) {
+		zrow = entry_alloca(g, LLVMArrayType(et, (unsigned)cs->W));
+		LLVMSetAlignment(zrow, 64);
+		LLVMBuildMemSet(g->b, zrow, LLVMConstInt(g->i8, 0, 0),
+				K64(g, cs->W * 4), 64);
+		LLVMValueRef z = K64(g, 0);
+		zrow = LLVMBuildGEP2(g->b, et, zrow, &z, 1, "");
+	}
+	loop_t U;
+	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef ob = LLVMBuildURem(g->b, U.i, K64(g, OB), "");
+	LLVMValueRef t = LLVMBuildUDiv(g->b, U.i, K64(g, OB), "");
+	LLVMValueRef rb = LLVMBuildURem(g->b, t, K64(g, RB), "");
+	LLVMValueRef ni = LLVMBuildUDiv(g->b, t, K64(g, RB), "");
+	LLVMValueRef o0 = LLVMBuildMul(g->b, ob, K64(g, MO), "");
+	LLVMValueRef oh0 = LLVMBuildMul(g->b, rb, K64(g, R), "");
+	if (tail == MO) {
+		fd_unit(g, cs, MO, o0, ni, oh0, acc, zrow);
+	} else {
+		LLVMBasicBlockRef bfull =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "fd_full");
+		LLVMBasicBlockRef btail =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "fd_tail");
+		LLVMBasicBlockRef bnext =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "fd_next");
+		LLVMBuildCondBr(
+		    g->b,
+		    LLVMBuildICmp(g->b, LLVMIntULT, ob, K64(g, OB - 1), ""),
+		    bfull, btail);
+		LLVMPositionBuilderAtEnd(g->b, bfull);
+		fd_unit(g, cs, MO, o0, ni, oh0, acc, zrow);
+		LLVMBuildBr(g->b, bnext);
+		LLVMPositionBuilderAtEnd(g->b, btail);
+		fd_unit(g, cs, tail, o0, ni, oh0, acc, zrow);
+		LLVMBuildBr(g->b, bnext);
+		LLVMPositionBuilderAtEnd(g->b, bnext);
+	}
+	loop_end(g, &U);
+}
+
 int64_t cg_wgrad_units(const convspec_t *cs)
 {
 	return (cs->O + cs->wg_mo - 1) / cs->wg_mo * cs->C * cs->KH;
@@ -5346,6 +5610,11 @@ static void scatter_extent(cctx_t *c, kernel_t *k)
 static void gemm_extent(cctx_t *c, kernel_t *k)
 {
 	const cnode_t *n = &c->nodes[k->members[0].node];
+	if (n->conv != NULL && n->conv->fdirect) {
+		k->extent = dim_const(cg_fdirect_units(n->conv));
+		k->grain = 1;
+		return;
+	}
 	if (n->conv != NULL && n->conv->wgrad) {
 		k->extent = dim_const(cg_wgrad_units(n->conv));
 		k->grain = 1;
@@ -5509,7 +5778,9 @@ static int gen_kernel(gen_t *g, kernel_t *k)
 	memo_clear(g);
 	const convspec_t *kcs =
 	    k->is_gemm ? c->nodes[k->members[0].node].conv : NULL;
-	if (kcs != NULL && kcs->wgrad)
+	if (kcs != NULL && kcs->fdirect)
+		gen_conv_fdirect_body(g, begin, end);
+	else if (kcs != NULL && kcs->wgrad)
 		gen_conv_wgrad_body(g, begin, end);
 	else if (kcs != NULL && kcs->implicit)
 		gen_conv_implicit_body(g, begin, end);

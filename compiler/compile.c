@@ -36,6 +36,7 @@ struct kiln_compiler {
 	const char *blas_kind;	 /* the fingerprint's blas/: probe_blas */
 	kiln_tune_cache_t *tune; /* max-autotune's decisions (autotune.c) */
 	int64_t tmpl_block_a;	 /* tests: the template's blocked bound */
+	bool no_conv_direct;	 /* tests: the direct forward by mode only */
 };
 
 /* Whether the OpenBLAS core `name` (openblas_get_corename) runs AVX-512
@@ -140,8 +141,12 @@ static void set_fingerprint(kiln_compiler_t *c)
 			 KILN_VERSION_STRING, maj, min, pat, KILN_BUILD_ID,
 			 c->blas_kind, c->cpu.libmvec[0] ? "libmvec" : "poly");
 	if (c->tmpl_block_a > 0 && n > 0 && (size_t)n < sizeof(c->fingerprint))
+		n += snprintf(c->fingerprint + n,
+			      sizeof(c->fingerprint) - (size_t)n,
+			      " tblock/%lld", (long long)c->tmpl_block_a);
+	if (c->no_conv_direct && n > 0 && (size_t)n < sizeof(c->fingerprint))
 		snprintf(c->fingerprint + n, sizeof(c->fingerprint) - (size_t)n,
-			 " tblock/%lld", (long long)c->tmpl_block_a);
+			 " nodirect");
 }
 
 int kiln_compiler_new(const kiln_target_t *target, kiln_compiler_t **out,
@@ -184,6 +189,12 @@ void kiln__compiler_set_blas_avx512(kiln_compiler_t *c, bool avx512)
 		return;
 	c->blas_avx512 = avx512;
 	c->blas_kind = avx512 ? "openblas-avx512" : "openblas-pre-avx512";
+	set_fingerprint(c);
+}
+
+void kiln__compiler_set_conv_direct(kiln_compiler_t *c, bool on)
+{
+	c->no_conv_direct = !on;
 	set_fingerprint(c);
 }
 
@@ -858,6 +869,7 @@ static void cctx_init(cctx_t *c, kiln_compiler_t *kc, const kiln_graph_t *g,
 	c->blas = kc->blas[0] ? kc->blas : NULL;
 	c->blas_avx512 = kc->blas_avx512;
 	c->tmpl_block_a = kc->tmpl_block_a;
+	c->no_conv_direct = kc->no_conv_direct;
 }
 
 static void cctx_free(cctx_t *c)

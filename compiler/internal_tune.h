@@ -37,6 +37,12 @@ int kiln__compile_tuned(kiln_compiler_t *kc, const kiln_graph_t *g,
  * there is no BLAS. */
 void kiln__compiler_set_blas_avx512(kiln_compiler_t *c, bool avx512);
 
+/* Sets whether the heuristic may take the direct forward convolution
+ * (ops_conv.c conv_fdirect_ok; max-autotune still times it), and the
+ * fingerprint with it. For tests of the other forms on convolutions of
+ * few output channels. */
+void kiln__compiler_set_conv_direct(kiln_compiler_t *c, bool on);
+
 /* Sets the bytes of A (per batch) past which the GEMM template blocks a
  * packed product rather than packing B a panel at a time (codegen.c
  * TG_BLOCK_A; 0 restores it), and the fingerprint with it. For tests, which

@@ -608,6 +608,80 @@ static int conv_implicit(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
 	return *y ? 0 : -ENOMEM;
 }
 
+/* The direct forward's rows a unit and output channels a unit for rows
+ * of nv vectors: rows·nv (at most 4) vectors of the input a tap, each
+ * feeding mo FMAs, mo·rows·nv accumulators within 24 registers; rows
+ * divides OH. */
+static void fdirect_block(int64_t O, int64_t OH, int64_t nv, int64_t *mo,
+			  int64_t *rows)
+{
+	int64_t r = 1;
+	for (int64_t k = 4; k > 1; k--)
+		if (k * nv <= 4 && OH % k == 0) {
+			r = k;
+			break;
+		}
+	int64_t m = 24 / (r * nv);
+	if (m > 16)
+		m = 16;
+	*rows = r;
+	*mo = m < O ? m : O;
+}
+
+/* Whether the forward convolution dims {N, C, H, W, O, KH, KW, OH, OW} is
+ * the direct kernel (conv_fdirect): f32 on AVX-512, groups 1, stride 1,
+ * more than one tap, KW at most 8, rows of at most 4 vectors (OW <= 64)
+ * at least 3/4 full; max-autotune's variant 3, else by the heuristic at
+ * most CG_FDIRECT_MAX_O output channels (the template's tiles feed two row
+ * blocks at most) and at least CG_FDIRECT_MIN_CKK multiply-adds an output.
+ * kilnc --profile, 2 threads, the Zen 4, tiles -> direct (ms): U-Net's
+ * 3x3 32 -> 16 at 64², batch 2, 0.61-0.65 -> 0.44-0.48; 16 -> 16 0.32 ->
+ * 0.27 (0.35 -> 0.32 with its epilogue); its inference forward 3.36 ->
+ * 3.26 (least of 8 alternated runs). Not past 16: 64 -> 32 at 32² 0.39
+ * against 0.46, 5x5 32 -> 32 0.74 against 0.91 (the template's tiles
+ * feed 4 row blocks there); 3 -> 16 at 64² (27 taps in all) 0.085
+ * against 0.21 as implicit GEMM. */
+static bool conv_fdirect_ok(const cctx_t *c, const lnode_t *n, const conv_t *cv,
+			    const int64_t *dims, kiln_dtype_t acc)
+{
+	int64_t O = dims[4], KH = dims[5], KW = dims[6], OW = dims[8];
+	if (!conv_template(c, n, acc) || cv->groups != 1 || cv->s[0] != 1 ||
+	    cv->s[1] != 1 || KH * KW < 2 || KW > 8 || OW > 64)
+		return false;
+	if (c->tune != NULL && c->tune[n->index] >= 0)
+		return c->tune[n->index] == 3;
+	if (c->no_conv_direct)
+		return false;
+	int64_t nv = (OW + 15) / 16;
+	return O <= CG_FDIRECT_MAX_O &&
+	       dims[1] * KH * KW >= CG_FDIRECT_MIN_CKK && 4 * OW >= 3 * 16 * nv;
+}
+
+/* y [N, O, OH, OW] of a stride-1 convolution of few output channels,
+ * direct (conv_fdirect_ok): one compute node whose kernel (codegen.c
+ * gen_conv_fdirect_body) sums the weights times the input shifted by
+ * each tap in registers, with no im2col. */
+static int conv_fdirect(lnode_t *n, lt_t *x, lt_t *w, const conv_t *cv,
+			kiln_dtype_t acc, const int64_t *dims, lt_t **y)
+{
+	cctx_t *c = n->c;
+	lt_t *xb, *wb;
+	int rc = acc_buf(n, x, acc, true, &xb);
+	if (rc == 0)
+		rc = acc_buf(n, w, acc, false, &wb);
+	if (rc != 0)
+		return rc;
+	convspec_t *cs = new_convspec(c, cv, dims);
+	if (cs == NULL)
+		return -ENOMEM;
+	cs->fdirect = true;
+	fdirect_block(dims[4], dims[7], (dims[8] + 15) / 16, &cs->fd_mo,
+		      &cs->fd_r);
+	kiln_dim_t sz[4] = {dim_const(dims[0]), dim_const(dims[4]),
+			    dim_const(dims[7]), dim_const(dims[8])};
+	return lgemm_node(n, wb, xb, cs, acc, 4, sz, y);
+}
+
 /* Whether a groups == 1 convolution takes the tiled template: the
  * max-autotune choice for the node (variant 0: tiled with the GEMM
  * template, 1: whole-image im2col, 2: tiled with BLAS; autotune.c), else
@@ -1014,6 +1088,10 @@ static int conv_forward(lnode_t *n, lt_t *x0, lt_t *w0, lt_t *b, conv_t cv)
 		set_var_ranges(c, 0, NULL);
 		rc = sum7(n, acc, fs, body, (1u << 2) | (1u << 3) | (1u << 4),
 			  &y);
+		if (rc != 0)
+			return rc;
+	} else if (conv_fdirect_ok(c, n, &cv, dims, acc)) {
+		rc = conv_fdirect(n, x, w, &cv, acc, dims, &y);
 		if (rc != 0)
 			return rc;
 	} else if ((batched ||

@@ -1013,6 +1013,41 @@ char *sched_report(cctx_t *c)
 			const convspec_t *cs = n->conv;
 			bool f64 = c->bufs[n->buf].dtype == KILN_DT_F64;
 			int64_t ckk = cs->C / cs->G * cs->KH * cs->KW;
+			if (cs->fdirect) {
+				sb_printf(&s,
+					  "%s: convolution, direct (no "
+					  "im2col: %lld output channels' "
+					  "%lld output row%s in registers a "
+					  "unit, %lld units) ",
+					  k->name, (long long)cs->fd_mo,
+					  (long long)cs->fd_r,
+					  cs->fd_r > 1 ? "s" : "",
+					  (long long)cg_fdirect_units(cs));
+				sb_dims(c, &s, n->frank, n->fsizes, 0);
+				sb_printf(
+				    &s, " K=%lld, buf%u%s  <- node %d %s\n",
+				    (long long)ckk, n->buf,
+				    c->bufs[n->buf].is_output ? " (output)"
+							      : "",
+				    n->node, c->g->nodes[n->node].op);
+				if (k->has_epilogue)
+					sb_printf(&s,
+						  "    epilogue %s on each "
+						  "unit's rows, right after "
+						  "them (in cache)\n",
+						  c->kernels[ki + 1].name);
+				if (!report_tune(c, &s, n->node))
+					sb_printf(&s,
+						  "    by the heuristic: f32 "
+						  "with AVX-512, stride 1, "
+						  "rows of at most 4 vectors "
+						  "at least 3/4 full, at most "
+						  "%d output channels and %d "
+						  "multiply-adds an output\n",
+						  CG_FDIRECT_MAX_O,
+						  CG_FDIRECT_MIN_CKK);
+				continue;
+			}
 			if (cs->wgrad) {
 				sb_printf(&s,
 					  "%s: convolution's weight gradient, "

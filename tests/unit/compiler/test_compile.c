@@ -2852,6 +2852,8 @@ Test(fusion, small_products_are_reductions_where_blas_is_pre_avx512)
 Test(conv, tiled_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the tiled forms on few output channels: not the direct one */
+	kiln__compiler_set_conv_direct(kc, false);
 	static const convcase_t cases[] = {
 	    /* 5x5, padding 2: tiles of 8 rows over 20 (8, 8, 4) */
 	    {"f32", 3, 16, 20, 40, 5, 5, {1, 1}, {2, 2}, {1, 1}, false, false},
@@ -2875,6 +2877,8 @@ Test(conv, tiled_template_matches_the_interpreter)
 Test(conv, gemm_template_matches_the_interpreter)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the tiled forms on few output channels: not the direct one */
+	kiln__compiler_set_conv_direct(kc, false);
 	static const convcase_t cases[] = {
 	    {"f32", 3, 35, 24, 37, 13, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
 	    {"f32", 8, 20, 9, 70, 70, 3, {2, 2}, {1, 1}, {1, 1}, false, false},
@@ -2900,6 +2904,8 @@ Test(conv, gemm_template_matches_the_interpreter)
 Test(conv, template_tiles_fill_the_register_tiles_columns, .timeout = 120)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the tiled forms on few output channels: not the direct one */
+	kiln__compiler_set_conv_direct(kc, false);
 	bool tmpl = __builtin_cpu_supports("avx512f");
 	static const convcase_t c28[] = {
 	    {"f32",
@@ -2941,6 +2947,67 @@ Test(conv, template_tiles_fill_the_register_tiles_columns, .timeout = 120)
 	check_conv_cases(kc, c28, 1, w28, 1);
 	check_conv_cases(kc, c56, 1, w56, 1);
 	check_conv_cases(kc, c16, 1, w16, 1);
+	kiln_compiler_free(kc);
+}
+
+/* The direct forward of a stride-1 convolution of few output channels
+ * (ops_conv.c conv_fdirect, codegen.c gen_conv_fdirect_body: f32 on
+ * AVX-512, no im2col) against the interpreter: 16 channels in blocks of 6
+ * (a last block of 4, its own variant) with the batch_norm-like epilogue
+ * fused; rows of two vectors, two rows a unit (a row in the padding reads
+ * the zero row) and 10 channels; 5x5 over 16², four rows a unit; dilation
+ * 2 (rows of 24: a half-masked second vector); no padding; an input
+ * permuted to [N, C, H, W] (copied first). Where the heuristic leaves it
+ * (20 output channels; 3 input channels, 27 taps in all; f64) the other
+ * forms, which must agree too. Without AVX-512 none is direct. */
+Test(conv, direct_forward_of_few_channels_matches_the_interpreter,
+     .timeout = 120)
+{
+	kiln_compiler_t *kc = new_compiler();
+	bool avx = __builtin_cpu_supports("avx512f");
+	static const struct {
+		convcase_t cc;
+		bool direct;
+	} cs[] = {
+	    {{"f32", 2, 8, 64, 64, 16, 3, {1, 1}, {1, 1}, {1, 1}, false, true},
+	     true},
+	    {{"f32",
+	      2,
+	      16,
+	      32,
+	      32,
+	      10,
+	      3,
+	      {1, 1},
+	      {1, 1},
+	      {1, 1},
+	      false,
+	      false},
+	     true},
+	    {{"f32", 1, 4, 16, 16, 8, 5, {1, 1}, {2, 2}, {1, 1}, false, false},
+	     true},
+	    {{"f32", 2, 8, 24, 24, 12, 3, {1, 1}, {2, 2}, {2, 2}, false, false},
+	     true},
+	    {{"f32", 2, 8, 18, 18, 16, 3, {1, 1}, {0, 0}, {1, 1}, false, false},
+	     true},
+	    {{"f32", 2, 8, 32, 32, 16, 3, {1, 1}, {1, 1}, {1, 1}, true, false},
+	     true},
+	    {{"f32", 2, 8, 32, 32, 20, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
+	     false},
+	    {{"f32", 2, 3, 32, 32, 16, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
+	     false},
+	    {{"f64", 2, 8, 32, 32, 16, 3, {1, 1}, {1, 1}, {1, 1}, false, false},
+	     false},
+	};
+	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		char *rep = NULL;
+		check_conv_case(kc, &cs[i].cc, "default", &rep);
+		cr_expect_eq(strstr(rep, "convolution, direct") != NULL,
+			     avx && cs[i].direct, "case %zu:\n%s", i, rep);
+		if (avx && cs[i].direct && cs[i].cc.epilogue)
+			cr_expect(strstr(rep, "epilogue") != NULL, "%s", rep);
+		free(rep);
+	}
 	kiln_compiler_free(kc);
 }
 
@@ -2990,6 +3057,8 @@ Test(conv, implicit_gemm_matches_the_interpreter)
 Test(conv, epilogue_runs_on_each_tile)
 {
 	kiln_compiler_t *kc = new_compiler();
+	/* the tiled forms on few output channels: not the direct one */
+	kiln__compiler_set_conv_direct(kc, false);
 	static const convcase_t cases[] = {
 	    {"f32", 3, 16, 20, 40, 13, 5, {1, 1}, {2, 2}, {1, 1}, false, true},
 	    {"f64", 3, 16, 20, 40, 13, 5, {1, 1}, {2, 2}, {1, 1}, false, true},
@@ -3066,36 +3135,59 @@ Test(autotune, convolution_template_is_chosen_by_measurement, .timeout = 300)
 			 5,	{1, 1}, {2, 2}, {1, 1}, false, false};
 	char *rep = NULL;
 	check_conv_case(kc, &cc, "max-autotune", &rep);
-	cr_expect(strstr(rep, "chosen by measurement (max-autotune): tiled "
-			      "im2col ") != NULL,
+	cr_expect(strstr(rep, "chosen by measurement (max-autotune): ") != NULL,
 		  "%s", rep);
-	/* with AVX-512 three variants: the GEMM template's on tiles,
-	 * implicit GEMM (in the whole-image form's place: 6000 columns) and
-	 * BLAS's on the same tiles */
-	if (__builtin_cpu_supports("avx512f"))
+	/* with AVX-512 four variants: the GEMM template's on tiles,
+	 * implicit GEMM (in the whole-image form's place: 6000 columns),
+	 * BLAS's on the same tiles and the direct kernel (5 output
+	 * channels); the fastest is taken, and the kernel is its form */
+	if (__builtin_cpu_supports("avx512f")) {
 		cr_expect(strstr(rep, "tiled im2col + GEMM template ") !=
 				  NULL &&
-			      strstr(rep, ", implicit GEMM ") != NULL &&
-			      strstr(rep, ", tiled im2col + BLAS ") != NULL,
+			      strstr(rep, "implicit GEMM ") != NULL &&
+			      strstr(rep, "tiled im2col + BLAS ") != NULL &&
+			      strstr(rep, "direct ") != NULL,
 			  "%s", rep);
-	free(rep);
-	/* feeding one node (the scale of relu(conv · s + r)), only the tiled
-	 * forms are timed: that node becomes their epilogue */
-	cc.epilogue = true;
-	check_conv_case(kc, &cc, "max-autotune", &rep);
-	/* without AVX-512 the two tiled forms build the same kernels (BLAS
-	 * on the tiles): one variant, nothing to measure */
-	if (__builtin_cpu_supports("avx512f"))
+		/* the direct kernel where its time is the least */
+		static const char *const vn[4] = {
+		    "tiled im2col + GEMM template ", "implicit GEMM ",
+		    "tiled im2col + BLAS ", "direct "};
+		double ms[4];
+		for (int v = 0; v < 4; v++) {
+			const char *p = strstr(rep, "(max-autotune): ");
+			p = p != NULL ? strstr(p, vn[v]) : NULL;
+			ms[v] =
+			    p != NULL ? strtod(p + strlen(vn[v]), NULL) : 1e9;
+		}
+		bool direct = ms[3] < ms[0] && ms[3] < ms[1] && ms[3] < ms[2];
+		cr_expect_eq(strstr(rep, "convolution, direct") != NULL, direct,
+			     "%s", rep);
+	} else {
 		cr_expect(strstr(rep, "chosen by measurement (max-autotune): "
 				      "tiled im2col ") != NULL,
 			  "%s", rep);
+	}
+	free(rep);
+	/* feeding one node (the scale of relu(conv · s + r)), only the tiled
+	 * forms and the direct one are timed: that node becomes their
+	 * epilogue */
+	cc.epilogue = true;
+	check_conv_case(kc, &cc, "max-autotune", &rep);
+	/* without AVX-512 the two tiled forms build the same kernels (BLAS
+	 * on the tiles) and there is no direct one: one variant, nothing to
+	 * measure */
+	if (__builtin_cpu_supports("avx512f"))
+		cr_expect(
+		    strstr(rep, "chosen by measurement (max-autotune): ") !=
+			    NULL &&
+			strstr(rep, "implicit GEMM") == NULL,
+		    "%s", rep);
 	else
 		cr_expect(strstr(rep, "max-autotune") == NULL &&
 			      strstr(rep, "im2col tiles + BLAS") != NULL,
 			  "%s", rep);
 	cr_expect(strstr(rep, "whole-image") == NULL, "%s", rep);
-	cr_expect(strstr(rep, "epilogue kiln_k1 on each tile") != NULL, "%s",
-		  rep);
+	cr_expect(strstr(rep, "epilogue kiln_k1 on each ") != NULL, "%s", rep);
 	free(rep);
 	kiln_compiler_free(kc);
 }
@@ -6428,7 +6520,8 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
 /* The input gradient of a stride-1 convolution is the forward
  * convolution of grad_output by the weight flipped along its taps, its
  * channel dims swapped and padded by d·(K-1) - p (ops_conv.c
- * bw_input_forward): with AVX-512 it takes the forward's templates, where
+ * bw_input_forward): with AVX-512 it takes the forward's forms (the
+ * templates, or the direct kernel for 16 channels or fewer), where
  * the product Wᵀ @ gO wrote KH·KW times grad_input's size for a col2im to
  * read back. Not taken where the weight outweighs the positions (512 ->
  * 512-like: 256 channels at 7², batch 2) nor for a transposed convolution
@@ -6568,7 +6661,8 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 			snprintf(line, sizeof(line), "%.*s", (int)len, l);
 			if (strstr(line, node) &&
 			    (strstr(line, "implicit GEMM") ||
-			     strstr(line, "im2col tiles")))
+			     strstr(line, "im2col tiles") ||
+			     strstr(line, "convolution, direct")))
 				fwd = true;
 			l = e != NULL ? e + 1 : NULL;
 		}

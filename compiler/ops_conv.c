@@ -21,6 +21,10 @@
  *     im2col below); the
  *     bias, and the eval batch_norm / relu / residual add that follow in the
  *     graph, fuse into one pointwise kernel after it.
+ *   direct kernel (groups == 1, stride 1, f32 with AVX-512, at most 16
+ *     output channels: conv_fdirect, codegen.c gen_conv_fdirect_body): a
+ *     unit's output channels' rows in registers over (c, kh, kw), the
+ *     input rows shifted by each tap, no im2col.
  *   direct (depthwise and other convolutions with Cg·KH·KW <= 32, or <= 64
  *     over rows of a multiple of 4 columns): a reduction over (cg, kh, kw)
  *     of x·w, vectorized across output columns.
@@ -41,7 +45,10 @@
  * over KH·KW; for a stride-1 convolution on AVX-512 grad_input is instead
  * the forward convolution of gO by the flipped weight, bw_input_forward,
  * and with 32 output channels or fewer grad_weight's product is taken
- * transposed, bw_weight_swap). Otherwise the direct forms: grad_bias   =
+ * transposed, bw_weight_swap; a stride-1 one's of at most 64 output
+ * channels is instead a direct kernel, bw_weight_direct: grad_output times
+ * the input shifted by each tap, summed in registers, no im2col).
+ * Otherwise the direct forms: grad_bias   =
  * Σ_{n,oh,ow} gO grad_input  = Σ_{o in group, kh, kw} gO[n, o, oh, ow] · w[o, c
  * - g·Cg, kh, kw] with oh = (h + ph - kh·dh) / sh when exact and in range
  * grad_weight = Σ_{n,oh,ow} gO[n, o, oh, ow] · x[n, g·Cg + cg, ih, iw] as

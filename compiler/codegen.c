@@ -4925,8 +4925,8 @@ static LLVMValueRef wgrad_load(gen_t *g, LLVMValueRef p, uint32_t lanes, int vw)
 
 /* A stride-1 convolution's weight gradient, direct (convspec wgrad; f32,
  * 16 lanes). Unit u = ((ob · C) + c) · KH + kh sums, for the MO = wg_mo
- * output channels o0 .. o0 + MO of block ob (the last block overlaps the
- * one before it and writes the same values again) and every tap kw of
+ * output channels o0 .. o0 + MO of block ob (the last block those left,
+ * a variant of its own) and every tap kw of
  * row kh, grad_output's rows times the input's row oh + kh·dh - ph
  * shifted by kw·dw - pw, over the images and the output rows that row
  * exists for: MO·KW accumulators of 16 lanes in registers, each output
@@ -4936,16 +4936,18 @@ static LLVMValueRef wgrad_load(gen_t *g, LLVMValueRef p, uint32_t lanes, int vw)
  * weight is its accumulator's lanes summed at the end. In place of
  * im2col's columns and a product whose few output channels made it run at
  * half speed (U-Net's 32 -> 16 3x3 at 64², batch 2: 0.77-0.85 ms). */
-static void gen_conv_wgrad_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
+/* gen_conv_wgrad_body's unit for mo output channels from o0, input
+ * channel ci and tap row kh: acc[m·KW + kw] */
+static void wg_unit(gen_t *g, const convspec_t *cs, int64_t mo, LLVMValueRef o0,
+		    LLVMValueRef ci, LLVMValueRef kh, const LLVMValueRef *acc)
 {
 	cctx_t *c = g->c;
 	const cnode_t *n = &c->nodes[g->k->members[0].node];
-	const convspec_t *cs = n->conv;
 	const lt_t *gt = n->ga, *xt = n->gb;
 	LLVMTypeRef et = g->f32;
 	const int vw = 16;
 	LLVMTypeRef vt = LLVMVectorType(et, vw);
-	int64_t MO = cs->wg_mo, KW = cs->KW, KH = cs->KH, C = cs->C;
+	int64_t MO = mo, KW = cs->KW, KH = cs->KH, C = cs->C;
 	int64_t nv = (cs->OW + vw - 1) / vw;
 	LLVMValueRef gs[4], xs[4];
 	for (int k = 0; k < 4; k++) {
@@ -4956,20 +4958,6 @@ static void gen_conv_wgrad_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		     op = buf_ptr(g, n->buf);
 	LLVMValueRef goff = emit_ix(g, ix_dim(c, gt->offset));
 	LLVMValueRef xoff = emit_ix(g, ix_dim(c, xt->offset));
-	LLVMValueRef acc[16 * 8];
-	for (int64_t i = 0; i < MO * KW; i++) {
-		acc[i] = entry_alloca(g, vt);
-		LLVMSetAlignment(acc[i], 64);
-	}
-
-	loop_t U;
-	loop_begin(g, &U, begin, end, 1);
-	LLVMValueRef kh = LLVMBuildURem(g->b, U.i, K64(g, KH), "");
-	LLVMValueRef t = LLVMBuildUDiv(g->b, U.i, K64(g, KH), "");
-	LLVMValueRef ci = LLVMBuildURem(g->b, t, K64(g, C), "");
-	LLVMValueRef ob = LLVMBuildUDiv(g->b, t, K64(g, C), "");
-	LLVMValueRef o0 =
-	    imin(g, LLVMBuildMul(g->b, ob, K64(g, MO), ""), K64(g, cs->O - MO));
 	/* ih = oh + iho; oh in [lo, hi) keeps it in [0, H) */
 	LLVMValueRef iho =
 	    LLVMBuildSub(g->b, LLVMBuildMul(g->b, kh, K64(g, cs->d[0]), ""),
@@ -5057,6 +5045,51 @@ static void gen_conv_wgrad_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 			LLVMBuildStore(g->b, s,
 				       LLVMBuildGEP2(g->b, et, op, &o, 1, ""));
 		}
+}
+
+static void gen_conv_wgrad_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	const cnode_t *n = &c->nodes[g->k->members[0].node];
+	const convspec_t *cs = n->conv;
+	LLVMTypeRef vt = LLVMVectorType(g->f32, 16);
+	int64_t MO = cs->wg_mo, KW = cs->KW, KH = cs->KH, C = cs->C;
+	int64_t OB = (cs->O + MO - 1) / MO, tail = cs->O - (OB - 1) * MO;
+	LLVMValueRef acc[16 * 8];
+	for (int64_t i = 0; i < MO * KW; i++) {
+		acc[i] = entry_alloca(g, vt);
+		LLVMSetAlignment(acc[i], 64);
+	}
+
+	loop_t U;
+	loop_begin(g, &U, begin, end, 1);
+	LLVMValueRef kh = LLVMBuildURem(g->b, U.i, K64(g, KH), "");
+	LLVMValueRef t = LLVMBuildUDiv(g->b, U.i, K64(g, KH), "");
+	LLVMValueRef ci = LLVMBuildURem(g->b, t, K64(g, C), "");
+	LLVMValueRef ob = LLVMBuildUDiv(g->b, t, K64(g, C), "");
+	LLVMValueRef o0 = LLVMBuildMul(g->b, ob, K64(g, MO), "");
+	if (tail == MO) {
+		wg_unit(g, cs, MO, o0, ci, kh, acc);
+	} else {
+		/* the last block's tail channels: a variant of its own */
+		LLVMBasicBlockRef bfull =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wg_full");
+		LLVMBasicBlockRef btail =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wg_tail");
+		LLVMBasicBlockRef bnext =
+		    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wg_next");
+		LLVMBuildCondBr(
+		    g->b,
+		    LLVMBuildICmp(g->b, LLVMIntULT, ob, K64(g, OB - 1), ""),
+		    bfull, btail);
+		LLVMPositionBuilderAtEnd(g->b, bfull);
+		wg_unit(g, cs, MO, o0, ci, kh, acc);
+		LLVMBuildBr(g->b, bnext);
+		LLVMPositionBuilderAtEnd(g->b, btail);
+		wg_unit(g, cs, tail, o0, ci, kh, acc);
+		LLVMBuildBr(g->b, bnext);
+		LLVMPositionBuilderAtEnd(g->b, bnext);
+	}
 	loop_end(g, &U);
 }
 

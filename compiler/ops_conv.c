@@ -1498,10 +1498,11 @@ static int64_t wgrad_mo(int64_t O, int64_t KW)
  * columns (a row's vectors are unrolled); by the heuristic, at most
  * WGRAD_MAX_O output channels, a row's vectors at least 3/4 full and at
  * least WGRAD_MIN_VECS rows' vectors a unit. Single convolutions'
- * backward (kilnc --profile, 2 threads, the Zen 4; unfold + product ->
- * direct, ms): U-Net's 32 -> 16 at 64², batch 2, 0.78 -> 0.45; 64 -> 64
- * at 56² 3.8 -> 2.35; 64 -> 64 at 32², batch 8, 4.0 -> 3.0; 5x5 32 -> 32
- * at 32² 0.76 -> 0.50. Where the im2col product's many rows run at full
+ * backward (kilnc --profile, least of 4 alternated runs, 2 threads, the
+ * Zen 4; unfold + product -> direct, ms): U-Net's 32 -> 16 at 64², batch
+ * 2, 0.64 -> 0.33; 64 -> 64 at 56² 2.83 -> 2.32; 64 -> 64 at 32², batch
+ * 8, 3.74 -> 2.83; 5x5 32 -> 32 at 32² 0.64 -> 0.48. Where the im2col
+ * product's many rows run at full
  * speed and its columns cost little, or the rows are short, it stays:
  * 128 -> 128 at 28² 2.43 against 2.54, 256 -> 256 at 14² 2.5 against
  * 2.85, 512 -> 512 at 7² 2.45 against 6.2 (9 lanes in 16 idle, and each

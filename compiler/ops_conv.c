@@ -641,13 +641,13 @@ static void fdirect_block(int64_t O, int64_t OH, int64_t nv, int64_t *mo,
  * at least 3/4 full; max-autotune's variant 3, else by the heuristic at
  * most CG_FDIRECT_MAX_O output channels (the template's tiles feed two row
  * blocks at most) and at least CG_FDIRECT_MIN_CKK multiply-adds an output.
- * kilnc --profile, 2 threads, the Zen 4, tiles -> direct (ms): U-Net's
- * 3x3 32 -> 16 at 64², batch 2, 0.61-0.65 -> 0.44-0.48; 16 -> 16 0.32 ->
- * 0.27 (0.35 -> 0.32 with its epilogue); its inference forward 3.36 ->
- * 3.26 (least of 8 alternated runs). Not past 16: 64 -> 32 at 32² 0.39
- * against 0.46, 5x5 32 -> 32 0.74 against 0.91 (the template's tiles
- * feed 4 row blocks there); 3 -> 16 at 64² (27 taps in all) 0.085
- * against 0.21 as implicit GEMM. */
+ * max-autotune's timings (interleaved runs, 2 threads, the Zen 4), tiles
+ * against direct (ms): U-Net's 3x3 32 -> 16 at 64², batch 2, 0.403 and
+ * 0.327; 16 -> 16 0.201 and 0.166; its inference forward 3.36 -> 3.26
+ * (kilnc --profile, least of 8 alternated runs). Not past 16: 64 -> 32 at
+ * 32² 0.365 and 0.417, 5x5 32 -> 32 0.510 and 0.578 (the template's tiles
+ * feed 4 row blocks there); 3 -> 16 at 64² (27 taps in all) 0.085 as
+ * implicit GEMM against 0.21 (kilnc --profile). */
 static bool conv_fdirect_ok(const cctx_t *c, const lnode_t *n, const conv_t *cv,
 			    const int64_t *dims, kiln_dtype_t acc)
 {

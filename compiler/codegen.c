@@ -4892,7 +4892,8 @@ static LLVMValueRef hsum(gen_t *g, LLVMValueRef v, int w)
 /* The lanes of vector v of an output row (ow = v·16 + l) where tap kw reads
  * the input: ow < OW and 0 <= ow + kw·dw - pw < W (kw < 0: ow < OW alone),
  * as a bit mask. */
-static uint32_t wgrad_lanes(const convspec_t *cs, int64_t v, int64_t kw, int vw)
+static uint32_t conv_row_lanes(const convspec_t *cs, int64_t v, int64_t kw,
+			       int vw)
 {
 	uint32_t m = 0;
 	for (int l = 0; l < vw; l++) {
@@ -4905,7 +4906,8 @@ static uint32_t wgrad_lanes(const convspec_t *cs, int64_t v, int64_t kw, int vw)
 
 /* A vector of vw floats at p: a plain load where every lane is in, a
  * masked one (zeros elsewhere, nothing read there) where some are. */
-static LLVMValueRef wgrad_load(gen_t *g, LLVMValueRef p, uint32_t lanes, int vw)
+static LLVMValueRef conv_row_load(gen_t *g, LLVMValueRef p, uint32_t lanes,
+				  int vw)
 {
 	LLVMTypeRef vt = LLVMVectorType(g->f32, (unsigned)vw);
 	if (lanes == (vw == 32 ? 0xffffffffu : (1u << vw) - 1)) {
@@ -4992,17 +4994,17 @@ static void wg_unit(gen_t *g, const convspec_t *cs, int64_t mo, LLVMValueRef o0,
 	for (int64_t v = 0; v < nv; v++) {
 		LLVMValueRef xv[8];
 		for (int64_t kw = 0; kw < KW; kw++) {
-			uint32_t m = wgrad_lanes(cs, v, kw, vw);
+			uint32_t m = conv_row_lanes(cs, v, kw, vw);
 			xv[kw] = NULL;
 			if (m == 0)
 				continue;
 			LLVMValueRef o = LLVMBuildAdd(
 			    g->b, xr, K64(g, v * vw + kw * cs->d[1] - cs->p[1]),
 			    "");
-			xv[kw] = wgrad_load(
+			xv[kw] = conv_row_load(
 			    g, LLVMBuildGEP2(g->b, et, xp, &o, 1, ""), m, vw);
 		}
-		uint32_t gm = wgrad_lanes(cs, v, -1, vw);
+		uint32_t gm = conv_row_lanes(cs, v, -1, vw);
 		for (int64_t mo = 0; mo < MO; mo++) {
 			LLVMValueRef o = LLVMBuildAdd(
 			    g->b, gr,
@@ -5010,7 +5012,7 @@ static void wg_unit(gen_t *g, const convspec_t *cs, int64_t mo, LLVMValueRef o0,
 				g->b, LLVMBuildMul(g->b, K64(g, mo), gs[1], ""),
 				K64(g, v * vw), ""),
 			    "");
-			LLVMValueRef gv = wgrad_load(
+			LLVMValueRef gv = conv_row_load(
 			    g, LLVMBuildGEP2(g->b, et, gp, &o, 1, ""), gm, vw);
 			for (int64_t kw = 0; kw < KW; kw++) {
 				if (xv[kw] == NULL)
@@ -5189,13 +5191,13 @@ static void fd_unit(gen_t *g, const convspec_t *cs, int64_t mo, LLVMValueRef o0,
 		LLVMValueRef xv[4][4];
 		for (int64_t r = 0; r < R; r++)
 			for (int64_t v = 0; v < NV; v++) {
-				uint32_t m = wgrad_lanes(cs, v, kw, vw);
+				uint32_t m = conv_row_lanes(cs, v, kw, vw);
 				xv[r][v] = NULL;
 				if (m == 0)
 					continue;
 				LLVMValueRef o =
 				    K64(g, v * vw + kw * cs->d[1] - cs->p[1]);
-				xv[r][v] = wgrad_load(
+				xv[r][v] = conv_row_load(
 				    g,
 				    LLVMBuildGEP2(g->b, et, row[r], &o, 1, ""),
 				    m, vw);
@@ -5238,7 +5240,7 @@ static void fd_unit(gen_t *g, const convspec_t *cs, int64_t mo, LLVMValueRef o0,
 				      o0, ""),
 			 K64(g, cs->OH * cs->OW), ""),
 	    LLVMBuildMul(g->b, oh0, K64(g, cs->OW), ""), "");
-	uint32_t tail = wgrad_lanes(cs, NV - 1, -1, vw);
+	uint32_t tail = conv_row_lanes(cs, NV - 1, -1, vw);
 	LLVMValueRef bits[16];
 	for (int l = 0; l < vw; l++)
 		bits[l] = LLVMConstInt(g->i1, (tail >> l) & 1, 0);

@@ -223,11 +223,11 @@ typedef struct convspec {
 	int64_t G;
 	/* a stride-1 convolution's weight gradient, direct (ops_conv.c
 	 * bw_weight_direct, codegen.c gen_conv_wgrad_body): buf[o, c, kh,
-	 * kw] = sum over (n, oh, ow) of ga[n, o, oh, ow] · gb[n, c, oh +
-	 * kh·dh - ph, ow + kw·dw - pw] (0 outside), ga grad_output and gb
-	 * the input, both unit-stride along W; a unit sums wg_mo output
-	 * channels' taps (kh fixed, every kw) of one input channel in
-	 * registers; rows, tmpl and implicit unused */
+	 * kw] = sum over (n, oh, ow) of ga[n, o, oh, ow] · gb[n, g·Cg + c,
+	 * oh + kh·dh - ph, ow + kw·dw - pw] (0 outside; g the group of o),
+	 * ga grad_output and gb the input, both unit-stride along W; a unit
+	 * sums wg_mo output channels' taps (kh fixed, every kw) of one input
+	 * channel in registers; rows, tmpl and implicit unused */
 	bool wgrad;
 	int64_t wg_mo;
 	/* a stride-1 convolution of few output channels, direct (ops_conv.c

@@ -4926,9 +4926,10 @@ static LLVMValueRef conv_row_load(gen_t *g, LLVMValueRef p, uint32_t lanes,
 }
 
 /* A stride-1 convolution's weight gradient, direct (convspec wgrad; f32,
- * 16 lanes). Unit u = ((ob · C) + c) · KH + kh sums, for the MO = wg_mo
- * output channels o0 .. o0 + MO of block ob (the last block those left,
- * a variant of its own) and every tap kw of
+ * 16 lanes). Unit u = ((g · OB + ob) · Cg + c) · KH + kh sums, for the MO
+ * = wg_mo output channels o0 .. o0 + MO of block ob of group g (the last
+ * block those left, a variant of its own), input channel g·Cg + c, and
+ * every tap kw of
  * row kh, grad_output's rows times the input's row oh + kh·dh - ph
  * shifted by kw·dw - pw, over the images and the output rows that row
  * exists for: MO·KW accumulators of 16 lanes in registers, each output
@@ -4972,7 +4973,7 @@ static void by_block_width(gen_t *g, LLVMValueRef ob, int64_t OB, int64_t MO,
  * channel ci and tap row kh: acc[m·KW + kw] */
 typedef struct wg_arg {
 	const convspec_t *cs;
-	LLVMValueRef o0, ci, kh;
+	LLVMValueRef o0, ci, xc, kh; /* ci in the group, xc in the input */
 	const LLVMValueRef *acc;
 } wg_arg_t;
 
@@ -4981,6 +4982,7 @@ static void wg_unit(gen_t *g, int64_t mo, void *arg)
 	const wg_arg_t *wa = arg;
 	const convspec_t *cs = wa->cs;
 	LLVMValueRef o0 = wa->o0, ci = wa->ci, kh = wa->kh;
+	int64_t Cg = cs->C / cs->G;
 	const LLVMValueRef *acc = wa->acc;
 	cctx_t *c = g->c;
 	const cnode_t *n = &c->nodes[g->k->members[0].node];
@@ -4988,7 +4990,7 @@ static void wg_unit(gen_t *g, int64_t mo, void *arg)
 	LLVMTypeRef et = g->f32;
 	const int vw = 16;
 	LLVMTypeRef vt = LLVMVectorType(et, vw);
-	int64_t MO = mo, KW = cs->KW, KH = cs->KH, C = cs->C;
+	int64_t MO = mo, KW = cs->KW, KH = cs->KH;
 	int64_t nv = (cs->OW + vw - 1) / vw;
 	LLVMValueRef gs[4], xs[4];
 	for (int k = 0; k < 4; k++) {
@@ -5012,7 +5014,7 @@ static void wg_unit(gen_t *g, int64_t mo, void *arg)
 	LLVMValueRef gc =
 	    LLVMBuildAdd(g->b, goff, LLVMBuildMul(g->b, o0, gs[1], ""), "");
 	LLVMValueRef xc =
-	    LLVMBuildAdd(g->b, xoff, LLVMBuildMul(g->b, ci, xs[1], ""), "");
+	    LLVMBuildAdd(g->b, xoff, LLVMBuildMul(g->b, wa->xc, xs[1], ""), "");
 	loop_t Nl;
 	loop_begin(g, &Nl, K64(g, 0), K64(g, cs->N), 1);
 	LLVMValueRef gn =
@@ -5067,13 +5069,13 @@ static void wg_unit(gen_t *g, int64_t mo, void *arg)
 		LLVMBuildStore(g->b, a[i], acc[i]);
 	loop_end(g, &R);
 	loop_end(g, &Nl);
-	/* buf[o0 + mo, c, kh, kw] (contiguous [O, C, KH, KW]) */
+	/* buf[o0 + mo, ci, kh, kw] (contiguous [O, Cg, KH, KW]) */
 	LLVMValueRef orow = LLVMBuildAdd(
 	    g->b,
 	    LLVMBuildMul(g->b,
 			 LLVMBuildAdd(g->b,
-				      LLVMBuildMul(g->b, o0, K64(g, C), ""), ci,
-				      ""),
+				      LLVMBuildMul(g->b, o0, K64(g, Cg), ""),
+				      ci, ""),
 			 K64(g, KH * KW), ""),
 	    LLVMBuildMul(g->b, kh, K64(g, KW), ""), "");
 	for (int64_t mo = 0; mo < MO; mo++)
@@ -5082,7 +5084,7 @@ static void wg_unit(gen_t *g, int64_t mo, void *arg)
 			    g, LLVMBuildLoad2(g->b, vt, acc[mo * KW + kw], ""),
 			    vw);
 			LLVMValueRef o = LLVMBuildAdd(
-			    g->b, orow, K64(g, mo * C * KH * KW + kw), "");
+			    g->b, orow, K64(g, mo * Cg * KH * KW + kw), "");
 			LLVMBuildStore(g->b, s,
 				       LLVMBuildGEP2(g->b, et, op, &o, 1, ""));
 		}
@@ -5094,8 +5096,9 @@ static void gen_conv_wgrad_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	const cnode_t *n = &c->nodes[g->k->members[0].node];
 	const convspec_t *cs = n->conv;
 	LLVMTypeRef vt = LLVMVectorType(g->f32, 16);
-	int64_t MO = cs->wg_mo, KW = cs->KW, KH = cs->KH, C = cs->C;
-	int64_t OB = (cs->O + MO - 1) / MO, tail = cs->O - (OB - 1) * MO;
+	int64_t MO = cs->wg_mo, KW = cs->KW, KH = cs->KH;
+	int64_t Cg = cs->C / cs->G, Og = cs->O / cs->G;
+	int64_t OB = (Og + MO - 1) / MO, tail = Og - (OB - 1) * MO;
 	LLVMValueRef acc[16 * 8];
 	for (int64_t i = 0; i < MO * KW; i++) {
 		acc[i] = entry_alloca(g, vt);
@@ -5104,11 +5107,21 @@ static void gen_conv_wgrad_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
+	/* u = ((gi · OB + ob) · Cg + ci) · KH + kh */
 	LLVMValueRef kh = LLVMBuildURem(g->b, U.i, K64(g, KH), "");
 	LLVMValueRef t = LLVMBuildUDiv(g->b, U.i, K64(g, KH), "");
-	LLVMValueRef ci = LLVMBuildURem(g->b, t, K64(g, C), "");
-	LLVMValueRef ob = LLVMBuildUDiv(g->b, t, K64(g, C), "");
-	wg_arg_t wa = {cs, LLVMBuildMul(g->b, ob, K64(g, MO), ""), ci, kh, acc};
+	LLVMValueRef ci = LLVMBuildURem(g->b, t, K64(g, Cg), "");
+	t = LLVMBuildUDiv(g->b, t, K64(g, Cg), "");
+	LLVMValueRef ob = LLVMBuildURem(g->b, t, K64(g, OB), "");
+	LLVMValueRef gi = LLVMBuildUDiv(g->b, t, K64(g, OB), "");
+	wg_arg_t wa = {
+	    cs,
+	    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, gi, K64(g, Og), ""),
+			 LLVMBuildMul(g->b, ob, K64(g, MO), ""), ""),
+	    ci,
+	    LLVMBuildAdd(g->b, LLVMBuildMul(g->b, gi, K64(g, Cg), ""), ci, ""),
+	    kh,
+	    acc};
 	by_block_width(g, ob, OB, MO, tail, wg_unit, &wa);
 	loop_end(g, &U);
 }
@@ -5369,7 +5382,9 @@ static void gen_conv_fdirect_body(gen_t *g, LLVMValueRef begin,
 
 int64_t cg_wgrad_units(const convspec_t *cs)
 {
-	return (cs->O + cs->wg_mo - 1) / cs->wg_mo * cs->C * cs->KH;
+	int64_t Og = cs->O / cs->G;
+	return cs->G * ((Og + cs->wg_mo - 1) / cs->wg_mo) * (cs->C / cs->G) *
+	       cs->KH;
 }
 
 int64_t cg_scatter_cols(cctx_t *c, const cnode_t *n)

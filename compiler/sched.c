@@ -1059,6 +1059,9 @@ char *sched_report(cctx_t *c)
 					  k->name, (long long)cs->wg_mo,
 					  (long long)cg_wgrad_units(cs));
 				sb_dims(c, &s, n->frank, n->fsizes, 0);
+				if (cs->G > 1)
+					sb_printf(&s, " in %lld groups",
+						  (long long)cs->G);
 				sb_printf(&s,
 					  " over [%lld, %lld, %lld], buf%u%s  "
 					  "<- node %d %s\n",

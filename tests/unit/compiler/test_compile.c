@@ -2187,15 +2187,17 @@ Test(conv, grouped_convolution_backward_is_a_product_per_group)
 typedef struct wgcase {
 	int64_t N, C, H, W, O, KH, KW, p[2], d[2];
 	bool direct; /* the direct weight gradient's kernel, by the heuristic */
+	int64_t G;   /* groups */
 } wgcase_t;
 
 static kiln_graph_t *wgrad_graph(const wgcase_t *k)
 {
+	int64_t G = k->G;
 	int64_t OH = k->H + 2 * k->p[0] - k->d[0] * (k->KH - 1);
 	int64_t OW = k->W + 2 * k->p[1] - k->d[1] * (k->KW - 1);
 	const int64_t g4[4] = {k->N, k->O, OH, OW},
 		      x4[4] = {k->N, k->C, k->H, k->W},
-		      w4[4] = {k->O, k->C, k->KH, k->KW}, b1[1] = {k->O},
+		      w4[4] = {k->O, k->C / G, k->KH, k->KW}, b1[1] = {k->O},
 		      one[2] = {1, 1}, zero[2] = {0, 0};
 	gb_t b;
 	gb_init(&b);
@@ -2216,7 +2218,7 @@ static kiln_graph_t *wgrad_graph(const wgcase_t *k)
 	ints2(&b, k->d);
 	msgpack_pack_false(&b.pk);
 	ints2(&b, zero);
-	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, G);
 	msgpack_pack_array(&b.pk, 3);
 	for (int i = 0; i < 3; i++)
 		msgpack_pack_true(&b.pk);
@@ -2234,22 +2236,26 @@ static kiln_graph_t *wgrad_graph(const wgcase_t *k)
  * channels in blocks of 8 (the last block overlapping the first); 5x5
  * taps over rows of 30 (two vectors, the second's tail masked; blocks
  * of 4 channels over 5); no padding (every tap inside, W != OW);
- * dilation 2; a 1x7 and a 7x1 kernel (16 channels a block). Where the
- * heuristic leaves it (128 channels at 8², rows of 8 lanes in 16), the
- * im2col product, which must agree too. Without AVX-512 every case is
- * the product. */
+ * dilation 2; a 1x7 and a 7x1 kernel (16 channels a block); 2 groups
+ * of 8 channels, 4 groups of 5 output channels from 8 input channels
+ * (blocks of 5 within each group). Where the heuristic leaves it (128
+ * channels at 8², rows of 8 lanes in 16; groups of 2 output channels),
+ * the other forms, which must agree too. Without AVX-512 none is direct. */
 Test(conv, direct_weight_gradient_matches_the_interpreter, .timeout = 120)
 {
 	kiln_compiler_t *kc = new_compiler();
 	bool avx = __builtin_cpu_supports("avx512f");
 	static const wgcase_t cs[] = {
-	    {2, 3, 16, 16, 10, 3, 3, {1, 1}, {1, 1}, true},
-	    {1, 4, 16, 30, 5, 5, 5, {2, 2}, {1, 1}, true},
-	    {2, 3, 18, 18, 8, 3, 3, {0, 0}, {1, 1}, true},
-	    {2, 3, 24, 24, 6, 3, 3, {2, 2}, {2, 2}, true},
-	    {2, 3, 16, 32, 16, 1, 7, {0, 3}, {1, 1}, true},
-	    {2, 3, 22, 16, 16, 7, 1, {3, 0}, {1, 1}, true},
-	    {2, 16, 8, 8, 128, 3, 3, {1, 1}, {1, 1}, false},
+	    {2, 3, 16, 16, 10, 3, 3, {1, 1}, {1, 1}, true, 1},
+	    {1, 4, 16, 30, 5, 5, 5, {2, 2}, {1, 1}, true, 1},
+	    {2, 3, 18, 18, 8, 3, 3, {0, 0}, {1, 1}, true, 1},
+	    {2, 3, 24, 24, 6, 3, 3, {2, 2}, {2, 2}, true, 1},
+	    {2, 3, 16, 32, 16, 1, 7, {0, 3}, {1, 1}, true, 1},
+	    {2, 3, 22, 16, 16, 7, 1, {3, 0}, {1, 1}, true, 1},
+	    {2, 16, 8, 8, 128, 3, 3, {1, 1}, {1, 1}, false, 1},
+	    {2, 16, 32, 32, 16, 3, 3, {1, 1}, {1, 1}, true, 2},
+	    {2, 32, 16, 24, 20, 3, 3, {1, 1}, {1, 1}, true, 4},
+	    {2, 16, 16, 16, 16, 3, 3, {1, 1}, {1, 1}, false, 8},
 	};
 	for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		kiln_graph_t *g = wgrad_graph(&cs[i]);

@@ -1695,6 +1695,31 @@ static void check_conv_cases(kiln_compiler_t *kc, const convcase_t *cases,
 	}
 }
 
+/* A product of fewer than 32 columns against an A of 4 MiB or more (a
+ * small batch's late convolution: ResNet-18's 512 -> 512 at 2², batch 4,
+ * [512, 16] K=4608) is the GEMM template reading A in place, B up to 512
+ * KiB (codegen.c one_panel_streamed), where BLAS packed all of A for its
+ * 16 columns; with 128 rows (A of 2.25 MiB) it stays BLAS's.
+ * Against the interpreter. Without AVX-512 both are BLAS's. */
+Test(fusion, few_columns_against_a_large_a_stream_it)
+{
+	kiln_compiler_t *kc = new_compiler();
+	bool avx = __builtin_cpu_supports("avx512f");
+	static const int64_t mm[2][3] = {{512, 4608, 16}, {128, 4608, 16}};
+	for (int i = 0; i < 2; i++) {
+		kiln_graph_t *g = mm_graph(mm[i][0], mm[i][1], mm[i][2]);
+		char what[64];
+		snprintf(what, sizeof(what), "mm %lldx%lldx%lld",
+			 (long long)mm[i][0], (long long)mm[i][1],
+			 (long long)mm[i][2]);
+		expect_report_has(kc, g, "against an A of 4 MiB or more",
+				  avx && i == 0, what);
+		expect_matches_interp(kc, g, "default", 150 + i, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
 /* What the GEMM template's heuristic leaves to BLAS where BLAS runs
  * AVX-512 kernels (codegen.c tmpl_form) it takes where BLAS runs older
  * ones (OPENBLAS_CORETYPE=Haswell on an AVX-512 machine: ResNet-50's

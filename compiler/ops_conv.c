@@ -48,8 +48,7 @@
  * transposed, bw_weight_swap; a stride-1 one's of at most 64 output
  * channels a group is instead a direct kernel, bw_weight_direct:
  * grad_output times the input shifted by each tap, summed in registers,
- * no im2col).
- * Otherwise the direct forms: grad_bias   =
+ * no im2col). Otherwise the direct forms: grad_bias   =
  * Σ_{n,oh,ow} gO grad_input  = Σ_{o in group, kh, kw} gO[n, o, oh, ow] · w[o, c
  * - g·Cg, kh, kw] with oh = (h + ph - kh·dh) / sh when exact and in range
  * grad_weight = Σ_{n,oh,ow} gO[n, o, oh, ow] · x[n, g·Cg + cg, ih, iw] as
@@ -1500,14 +1499,13 @@ static int64_t wgrad_mo(int64_t O, int64_t KW)
  * channels (grouped ones past the direct reductions: RegNet-like groups
  * of 8, 64 channels at 32², batch 2, 0.48-0.52 -> 0.09-0.13 ms); by the
  * heuristic, at most WGRAD_MAX_O output channels a group, a row's
- * vectors at least 3/4 full and at
- * least WGRAD_MIN_VECS rows' vectors a unit. Single convolutions'
- * backward (kilnc --profile, least of 4 alternated runs, 2 threads, the
- * Zen 4; unfold + product -> direct, ms): U-Net's 32 -> 16 at 64², batch
- * 2, 0.64 -> 0.33; 64 -> 64 at 56² 2.83 -> 2.32; 64 -> 64 at 32², batch
- * 8, 3.74 -> 2.83; 5x5 32 -> 32 at 32² 0.64 -> 0.48. Where the im2col
- * product's many rows run at full
- * speed and its columns cost little, or the rows are short, it stays:
+ * vectors at least 3/4 full and at least WGRAD_MIN_VECS rows' vectors a
+ * unit. Single convolutions' backward (kilnc --profile, least of 4
+ * alternated runs, 2 threads, the Zen 4; unfold + product -> direct, ms):
+ * U-Net's 32 -> 16 at 64², batch 2, 0.64 -> 0.33; 64 -> 64 at 56² 2.83
+ * -> 2.32; 64 -> 64 at 32², batch 8, 3.74 -> 2.83; 5x5 32 -> 32 at 32²
+ * 0.64 -> 0.48. Where the im2col product's many rows run at full speed
+ * and its columns cost little, or the rows are short, it stays:
  * 128 -> 128 at 28² 2.43 against 2.54, 256 -> 256 at 14² 2.5 against
  * 2.85, 512 -> 512 at 7² 2.45 against 6.2 (9 lanes in 16 idle, and each
  * unit's 24 sums as costly as its few rows), 128 -> 128 at 8² 0.42
@@ -1597,7 +1595,7 @@ static int conv_bw_gemm(lnode_t *n, const conv_t *cv, lt_t *x, lt_t *w,
 			return rc;
 	}
 	if (direct) {
-		lt_t *gw; /* [O, C, KH, KW] */
+		lt_t *gw; /* [O, C/G, KH, KW] */
 		rc = bw_weight_direct(n, cv, x, gb, dims, acc, &gw);
 		if (rc == 0 && cv->nd == 1)
 			gw = lt_squeeze_dim(c, gw, 2);

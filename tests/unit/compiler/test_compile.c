@@ -6562,7 +6562,9 @@ Test(lowering, conv3d_is_kernels, .timeout = 300)
  * output channels, its product is computed transposed (bw_weight_swap).
  * Against the interpreter: U-Net's 3x3 32 -> 16 at 64², a 5x5 with
  * padding 2, the 3x3 at 12², a
- * dilated 3x3, an unpadded one, a 1-d one, the weight-heavy one, a
+ * dilated 3x3, an unpadded one, a 1-d one, a 1-d one whose weight
+ * gradient is the direct kernel (its grad_input too small for the
+ * forward's templates), the weight-heavy one, a
  * transposed one with an output_padding and one without (a transposed
  * convolution's backward input gradient is a forward convolution
  * already: its forward, the input gradient of the convolution of its
@@ -6631,6 +6633,15 @@ Test(conv, stride_1_grad_input_is_a_forward_convolution, .timeout = 300)
 	     true,
 	     false,
 	     NULL,
+	     0},
+	    {1,
+	     {2, 16, 256, 0},
+	     {16, 16, 3, 0},
+	     {1, 0},
+	     {1, 0},
+	     false,
+	     false,
+	     "[16, 16, 1, 3] over [2, 1, 256]",
 	     0},
 	    {2,
 	     {2, 256, 7, 7},

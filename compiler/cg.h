@@ -81,6 +81,9 @@ typedef struct gen {
 	LLVMValueRef tld_mem[CG_MAX_TILES];
 	LLVMValueRef tst_mem[CG_MAX_TILE_MEMBERS];
 	int64_t tst_cv[CG_MAX_TILE_MEMBERS];
+	/* a row kernel's wavefront loop being built (codegen.c gen_row_wave)
+	 * or NULL */
+	struct cgwave *wave;
 	/* zero page for masked scalar loads */
 	LLVMValueRef zero_page;
 	bool use_libmvec;

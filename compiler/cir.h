@@ -509,6 +509,7 @@ int cg_outer_blocks(cctx_t *c, const kernel_t *k);
 /* Whether row kernel k runs its first pass one unit ahead (codegen.c
  * gen_row_unit_ahead); the report says so. */
 bool cg_row_ahead(cctx_t *c, const kernel_t *k);
+bool cg_row_wave(cctx_t *c, const kernel_t *k);
 /* codegen.c: the heuristic's reason for that choice (kilnc --emit=kernels) */
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);

@@ -2280,6 +2280,70 @@ static void gen_tile_leaf(gen_t *g, int w)
 	g->W = w;
 }
 
+/* ---- row kernels as a wavefront -----------------------------------------
+ *
+ * An inner-vectorized row kernel of n passes (cg_row_wave) runs step s of
+ * its range with pass p on unit s - p, all n of them in one loop over the
+ * reduced dims: softmax's max of row s, exp and sum of row s - 1, and
+ * scaling of row s - 2 side by side. Each pass alone leaves a pipe idle
+ * (the max's maxps and the exp's FMAs run on different ones; the scale
+ * pass is loads, multiplies and stores), and each ends with a chain of
+ * dependent instructions (its horizontal reduction, then a division or a
+ * root) that the next pass of its row waits for; in the wavefront the
+ * other rows' passes are the work the core runs meanwhile. Each unit's
+ * passes still run in order over its own row (pass p of a unit at step
+ * s, pass p + 1 at step s + 1), on its own values: the results are the
+ * same bits. A value a pass computes for its unit (a reduction, a row
+ * member) waits in a shift register of allocas, one a step, until the
+ * last of its unit's passes that reads it. The first and last n - 1 steps
+ * of a range, where some passes have no unit, run the passes that have
+ * one a loop each. */
+#define CG_WAVE_MAX_PASSES 4
+/* The wavefront's limit on a kernel's iteration space (f32 bytes, sizes
+ * by their hints): past it the row kernel is bound by memory, and three
+ * rows' streams at once ran softmax at 16 MB 3-13% slower than the
+ * passes one after another (bench_kernels --threads 2, alternated). */
+#define CG_WAVE_MAX_BYTES (8.0 * 1024 * 1024)
+
+typedef struct cgwave {
+	int np;
+	uint32_t no;
+	uint32_t od[CIR_MAX_RANK];
+	/* per pass: its unit's outer vars (along od), the member values it
+	 * reads (its unit's earlier passes, the rows before the first) and
+	 * its hoisted values */
+	LLVMValueRef var[CG_WAVE_MAX_PASSES][CIR_MAX_RANK];
+	LLVMValueRef mval[CG_WAVE_MAX_PASSES][64];
+	uint32_t n_hoist[CG_WAVE_MAX_PASSES];
+	const struct sx *hoist_e[CG_WAVE_MAX_PASSES][CG_MAX_HOIST];
+	LLVMValueRef hoist_v[CG_WAVE_MAX_PASSES][CG_MAX_HOIST];
+	int hoist_w[CG_WAVE_MAX_PASSES][CG_MAX_HOIST];
+} cgwave_t;
+
+/* The body of one iteration of the wavefront's loop at width w: every
+ * pass, on its own unit. */
+static void wave_leaf(gen_t *g, racc_t *acc, int w)
+{
+	cgwave_t *wv = g->wave;
+	uint32_t nm = g->k->n_members;
+	for (int p = 0; p < wv->np; p++) {
+		for (uint32_t j = 0; j < wv->no; j++)
+			g->var[wv->od[j]] = wv->var[p][j];
+		memcpy(g->mval, wv->mval[p], nm * sizeof(LLVMValueRef));
+		for (uint32_t i = 0; i < nm; i++)
+			g->mval_width[i] = 1;
+		g->n_hoist = wv->n_hoist[p];
+		memcpy(g->hoist_e, wv->hoist_e[p], sizeof(g->hoist_e));
+		memcpy(g->hoist_v, wv->hoist_v[p], sizeof(g->hoist_v));
+		memcpy(g->hoist_w, wv->hoist_w[p], sizeof(g->hoist_w));
+		memo_clear(g);
+		gen_iteration(g, p, acc, w);
+		clear_full_vals(g);
+	}
+	g->n_hoist = 0;
+	memo_clear(g);
+}
+
 /* Nested loops over the dims in `dims` (outermost first); the last one is
  * the vectorized var when vec is set. lo/hi bound the last dim. */
 static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
@@ -2289,6 +2353,10 @@ static void gen_loops(gen_t *g, const uint32_t *dims, uint32_t nd, uint32_t at,
 	if (at == nd) {
 		if (g->tile_var >= 0) {
 			gen_tile_leaf(g, w);
+			return;
+		}
+		if (g->wave != NULL) {
+			wave_leaf(g, acc, w);
 			return;
 		}
 		gen_iteration(g, p, acc, w);
@@ -2559,18 +2627,10 @@ static void decompose(gen_t *g, LLVMValueRef u, const uint32_t *dims,
 	}
 }
 
-/* Pass p of a row unit: its loops over the reduced dims, then its
- * reductions' final values (and stores) and the row members computed after
- * it. rd/nr: the reduced dims. */
-static void gen_pass(gen_t *g, int32_t p, int uw, bool inner_vec, racc_t *acc,
-		     const uint32_t *rd, uint32_t nr, int32_t pf_pass)
+/* The accumulators of pass p's reductions, at their identity (lw lanes). */
+static void pass_init(gen_t *g, int32_t p, racc_t *acc, int lw)
 {
 	const kernel_t *k = g->k;
-	int lw = inner_vec ? g->c->vec_width : uw;
-	g->red_unroll = pass_unroll(g, p);
-	/* the pass with the row's heavy compute prefetches the next row's
-	 * lines (prefetch_loads) */
-	g->pf_on = p == pf_pass && inner_vec && g->pf_var >= 0;
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
 		if (m->pass == p && m->role == ROLE_RED) {
@@ -2579,18 +2639,23 @@ static void gen_pass(gen_t *g, int32_t p, int uw, bool inner_vec, racc_t *acc,
 			racc_init(g, &acc[i], n->red, dt, lw);
 		}
 	}
+}
+
+/* The reduced dims' bits among the kernel vars. */
+static uint64_t rvar_bits(const uint32_t *rd, uint32_t nr)
+{
 	uint64_t rvars = 0;
 	for (uint32_t i = 0; i < nr; i++)
 		rvars |= 1ull << rd[i];
-	g->W = uw;
-	hoist_pass(g, p, rvars);
-	memo_clear(g);
-	gen_loops(g, rd, nr, 0, p, acc, lw, inner_vec, NULL, NULL);
-	memo_clear(g);
-	g->n_hoist = 0;
-	g->W = uw;
-	g->pf_on = false;
-	/* finalize */
+	return rvars;
+}
+
+/* Pass p's reductions' final values (and stores), then the row members
+ * computed after it, for the unit g->var points at. */
+static void pass_finish(gen_t *g, int32_t p, int uw, bool inner_vec,
+			racc_t *acc)
+{
+	const kernel_t *k = g->k;
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
 		if (m->pass != p || m->role != ROLE_RED)
@@ -2621,6 +2686,29 @@ static void gen_pass(gen_t *g, int32_t p, int uw, bool inner_vec, racc_t *acc,
 			emit_store(g, n->buf, m->sidx, res, uw);
 	}
 	gen_row_members(g, p, uw);
+}
+
+/* Pass p of a row unit: its loops over the reduced dims, then its
+ * reductions' final values (and stores) and the row members computed after
+ * it. rd/nr: the reduced dims. */
+static void gen_pass(gen_t *g, int32_t p, int uw, bool inner_vec, racc_t *acc,
+		     const uint32_t *rd, uint32_t nr, int32_t pf_pass)
+{
+	int lw = inner_vec ? g->c->vec_width : uw;
+	g->red_unroll = pass_unroll(g, p);
+	/* the pass with the row's heavy compute prefetches the next row's
+	 * lines (prefetch_loads) */
+	g->pf_on = p == pf_pass && inner_vec && g->pf_var >= 0;
+	pass_init(g, p, acc, lw);
+	g->W = uw;
+	hoist_pass(g, p, rvar_bits(rd, nr));
+	memo_clear(g);
+	gen_loops(g, rd, nr, 0, p, acc, lw, inner_vec, NULL, NULL);
+	memo_clear(g);
+	g->n_hoist = 0;
+	g->W = uw;
+	g->pf_on = false;
+	pass_finish(g, p, uw, inner_vec, acc);
 }
 
 /* The start of a row unit: no member values yet, then the row members of
@@ -2772,6 +2860,202 @@ static void gen_row_unit_ahead(gen_t *g, LLVMValueRef u, LLVMValueRef begin,
 	}
 }
 
+/* Whether an inner-vectorized row kernel runs its passes as a wavefront
+ * (the section above wave_leaf, gen_row_wave): a first pass run a unit
+ * ahead (cg_row_ahead: what makes the passes of different units
+ * independent), 2 to CG_WAVE_MAX_PASSES passes, 16 lanes (on 8, the
+ * transcendental passes already run out of registers: pass_unroll), a
+ * later pass with a transcendental (softmax's exp: the compute the other
+ * passes' loads and reductions hide under; layer_norm's light passes ran
+ * 5-15% slower side by side), at most CG_WAVE_MAX_BYTES, no row scratch
+ * on the stack (one row, which two units' passes would share: a scratch
+ * in an output's row is the unit's own), and every value a pass hands to
+ * a later one an f32 (the shift registers' type). */
+bool cg_row_wave(cctx_t *c, const kernel_t *k)
+{
+	if (c->vec_width < 16 || k->n_passes > CG_WAVE_MAX_PASSES ||
+	    !cg_row_ahead(c, k))
+		return false;
+	double bytes = 4;
+	for (uint32_t i = 0; i < k->frank; i++)
+		bytes *= (double)ix_estimate(c, ix_dim(c, k->fsizes[i]));
+	if (bytes > CG_WAVE_MAX_BYTES)
+		return false;
+	bool heavy = false;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		if (m->pass >= 1 && m->role != ROLE_ROW &&
+		    sx_has_transcendental(m->body))
+			heavy = true;
+	}
+	if (!heavy)
+		return false;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		const cnode_t *n = &c->nodes[m->node];
+		const cbuf_t *b = &c->bufs[n->buf];
+		if (b->row_local && b->row_out == 0)
+			return false;
+		if (m->pass < 0 || m->pass >= k->n_passes - 1 ||
+		    m->role == ROLE_FULL)
+			continue;
+		if (b->dtype != KILN_DT_F32 || m->body->dt != KILN_DT_F32 ||
+		    n->red == RED_ARGMAX || n->red == RED_ARGMIN)
+			return false;
+	}
+	return true;
+}
+
+/* The state pass p starts from at step s: its unit's vars (unit s - p),
+ * the values of its unit's earlier passes (from the shift registers) and
+ * the row members from before the first pass. */
+static void wave_pass_state(gen_t *g, int p, LLVMValueRef s, const uint32_t *od,
+			    uint32_t no, const LLVMValueRef *osz,
+			    LLVMValueRef (*slot)[CG_WAVE_MAX_PASSES])
+{
+	const kernel_t *k = g->k;
+	memo_clear(g);
+	decompose(g, LLVMBuildSub(g->b, s, K64(g, p), ""), od, no, osz);
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		const kmember_t *m = &k->members[i];
+		g->mval[i] = NULL;
+		if (slot[i][0] != NULL && m->pass < p) {
+			g->mval[i] = LLVMBuildLoad2(
+			    g->b, g->f32, slot[i][p - m->pass - 1], "");
+			g->mval_width[i] = 1;
+		}
+	}
+	gen_row_members(g, -1, 1);
+}
+
+/* A branch on c to a new block, where the caller emits; returns the block
+ * both paths meet in (the caller branches there). */
+static LLVMBasicBlockRef wave_if(gen_t *g, LLVMValueRef c)
+{
+	LLVMBasicBlockRef on =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wave_on");
+	LLVMBasicBlockRef off =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wave_off");
+	LLVMBuildCondBr(g->b, c, on, off);
+	LLVMPositionBuilderAtEnd(g->b, on);
+	return off;
+}
+
+/* The units [begin, end) of an inner-vectorized row kernel as a wavefront
+ * (cg_row_wave): steps s = begin .. end + n - 2, pass p on unit s - p
+ * where that is in the range. */
+static void gen_row_wave(gen_t *g, LLVMValueRef begin, LLVMValueRef end,
+			 const uint32_t *od, uint32_t no,
+			 const LLVMValueRef *osz)
+{
+	const kernel_t *k = g->k;
+	int np = k->n_passes, W = g->c->vec_width;
+	uint32_t nm = k->n_members;
+	uint32_t rd[CIR_MAX_RANK], nr = 0;
+	for (uint32_t i = 0; i < k->frank; i++)
+		if (k->rmask >> i & 1)
+			rd[nr++] = i;
+	uint64_t rvars = rvar_bits(rd, nr);
+	racc_t acc[64];
+	/* slot[i][d]: member i's value for the unit its pass ran on d + 1
+	 * steps before the current one; fresh[i]: this step's */
+	LLVMValueRef slot[64][CG_WAVE_MAX_PASSES] = {{0}}, fresh[64] = {0};
+	for (uint32_t i = 0; i < nm; i++) {
+		const kmember_t *m = &k->members[i];
+		if (m->pass < 0 || m->pass >= np - 1 || m->role == ROLE_FULL)
+			continue;
+		for (int d = 0; d < np - 1 - m->pass; d++)
+			slot[i][d] = entry_alloca(g, g->f32);
+		fresh[i] = entry_alloca(g, g->f32);
+	}
+	cgwave_t wv = {.np = np, .no = no};
+	memcpy(wv.od, od, no * sizeof(*od));
+	g->red_unroll = RED_UNROLL;
+	g->pf_on = false;
+	loop_t S;
+	loop_begin(g, &S, begin, LLVMBuildAdd(g->b, end, K64(g, np - 1), ""),
+		   1);
+	LLVMValueRef s = S.i, act[CG_WAVE_MAX_PASSES];
+	for (int p = 0; p < np; p++) {
+		LLVMValueRef u = LLVMBuildSub(g->b, s, K64(g, p), "");
+		act[p] = LLVMBuildAnd(
+		    g->b, LLVMBuildICmp(g->b, LLVMIntSGE, u, begin, ""),
+		    LLVMBuildICmp(g->b, LLVMIntSLT, u, end, ""), "");
+		pass_init(g, p, acc, W);
+	}
+	LLVMValueRef all = LLVMBuildAnd(
+	    g->b,
+	    LLVMBuildICmp(g->b, LLVMIntSGE, s,
+			  LLVMBuildAdd(g->b, begin, K64(g, np - 1), ""), ""),
+	    LLVMBuildICmp(g->b, LLVMIntSLT, s, end, ""), "");
+	LLVMBasicBlockRef ramp = wave_if(g, all);
+	/* every pass has a unit: one loop */
+	for (int p = 0; p < np; p++) {
+		wave_pass_state(g, p, s, od, no, osz, slot);
+		for (uint32_t j = 0; j < no; j++)
+			wv.var[p][j] = g->var[od[j]];
+		memcpy(wv.mval[p], g->mval, nm * sizeof(LLVMValueRef));
+		g->W = 1;
+		hoist_pass(g, p, rvars);
+		wv.n_hoist[p] = g->n_hoist;
+		memcpy(wv.hoist_e[p], g->hoist_e, sizeof(g->hoist_e));
+		memcpy(wv.hoist_v[p], g->hoist_v, sizeof(g->hoist_v));
+		memcpy(wv.hoist_w[p], g->hoist_w, sizeof(g->hoist_w));
+		g->n_hoist = 0;
+	}
+	g->wave = &wv;
+	memo_clear(g);
+	gen_loops(g, rd, nr, 0, 0, acc, W, true, NULL, NULL);
+	g->wave = NULL;
+	memo_clear(g);
+	LLVMBasicBlockRef done =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wave_fin");
+	LLVMBuildBr(g->b, done);
+	/* the ramps: the passes that have a unit, a loop each */
+	LLVMPositionBuilderAtEnd(g->b, ramp);
+	for (int p = 0; p < np; p++) {
+		LLVMBasicBlockRef off = wave_if(g, act[p]);
+		wave_pass_state(g, p, s, od, no, osz, slot);
+		g->W = 1;
+		hoist_pass(g, p, rvars);
+		memo_clear(g);
+		gen_loops(g, rd, nr, 0, p, acc, W, true, NULL, NULL);
+		memo_clear(g);
+		g->n_hoist = 0;
+		LLVMBuildBr(g->b, off);
+		LLVMPositionBuilderAtEnd(g->b, off);
+	}
+	LLVMBuildBr(g->b, done);
+	LLVMPositionBuilderAtEnd(g->b, done);
+	/* each pass's results for its unit; then the registers shift */
+	for (int p = 0; p < np; p++) {
+		LLVMBasicBlockRef off = wave_if(g, act[p]);
+		wave_pass_state(g, p, s, od, no, osz, slot);
+		g->W = 1;
+		pass_finish(g, p, 1, true, acc);
+		for (uint32_t i = 0; i < nm; i++)
+			if (fresh[i] != NULL && k->members[i].pass == p)
+				LLVMBuildStore(g->b, g->mval[i], fresh[i]);
+		LLVMBuildBr(g->b, off);
+		LLVMPositionBuilderAtEnd(g->b, off);
+	}
+	for (uint32_t i = 0; i < nm; i++) {
+		if (fresh[i] == NULL)
+			continue;
+		for (int d = np - 2 - k->members[i].pass; d > 0; d--)
+			LLVMBuildStore(
+			    g->b,
+			    LLVMBuildLoad2(g->b, g->f32, slot[i][d - 1], ""),
+			    slot[i][d]);
+		LLVMBuildStore(g->b, LLVMBuildLoad2(g->b, g->f32, fresh[i], ""),
+			       slot[i][0]);
+	}
+	memo_clear(g);
+	for (uint32_t i = 0; i < nm; i++)
+		g->mval[i] = NULL;
+	loop_end(g, &S);
+}
+
 #define PW_CHUNK CG_PW_CHUNK
 
 static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
@@ -2780,6 +3064,19 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	kernel_t *k = g->k;
 	int W = c->vec_width;
 	uint32_t f = k->frank;
+	if (k->is_row && cg_row_wave(c, k)) {
+		uint32_t od[CIR_MAX_RANK] = {0};
+		LLVMValueRef osz[CIR_MAX_RANK + 1] = {0};
+		uint32_t no = 0;
+		for (uint32_t i = 0; i < f; i++)
+			if (!(k->rmask >> i & 1)) {
+				od[no] = i;
+				osz[no++] = emit_ix(g, ix_dim(c, k->fsizes[i]));
+			}
+		g->vvar = (int)(f - 1);
+		gen_row_wave(g, begin, end, od, no, osz);
+		return;
+	}
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
 	LLVMValueRef u = U.i;

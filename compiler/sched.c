@@ -1238,7 +1238,10 @@ char *sched_report(cctx_t *c)
 				  c->vec_width);
 		if (k->tiled)
 			sb_printf(&s, ", transposes through tiles of %d", TBLK);
-		if (cg_row_ahead(c, k))
+		if (cg_row_wave(c, k))
+			sb_printf(&s, ", passes as a wavefront (pass p on "
+				      "row s - p)");
+		else if (cg_row_ahead(c, k))
 			sb_printf(&s, ", first pass a row ahead");
 		if (k->is_epilogue)
 			sb_printf(&s, ", run by %s", c->kernels[ki - 1].name);

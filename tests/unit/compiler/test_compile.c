@@ -5032,13 +5032,15 @@ Test(codegen, long_rows_prefetch_the_next)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
-	row_op_graph(&b, "aten._log_softmax.default", 8, 1024);
+	/* 4096 rows: 16 MiB, past the wavefront's limit (codegen.c
+	 * CG_WAVE_MAX_BYTES), where the passes run one after another */
+	row_op_graph(&b, "aten._log_softmax.default", 4096, 1024);
 	cr_expect(raw_ir_has(kc, &b, "log_softmax", "llvm.prefetch"));
-	row_op_graph(&b, "aten._log_softmax.default", 8, 64);
+	row_op_graph(&b, "aten._log_softmax.default", 4096, 64);
 	cr_expect(!raw_ir_has(kc, &b, "log_softmax", "llvm.prefetch"));
 	/* softmax keeps exp(x - max) in its output's row, and prefetches
 	 * in that exp pass (prefetch_pass), where the row is in L1 */
-	softmax_graph(&b, 8, 1024, 1);
+	softmax_graph(&b, 4096, 1024, 1);
 	cr_expect(raw_ir_has(kc, &b, "softmax", "llvm.prefetch"));
 	/* layer_norm over rows of 1024 (rsqrt is no transcendental here) */
 	gb_init(&b);
@@ -5277,7 +5279,8 @@ Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
-	softmax_graph(&b, 8, 1024, 1);
+	/* (softmax past the wavefront's limit: below it, the next test) */
+	softmax_graph(&b, 4096, 1024, 1);
 	cr_expect(raw_ir_has(kc, &b, "softmax", "\nahead"),
 		  "softmax's first pass does not run a row ahead");
 	layer_norm_graph(&b, 8, 1024, 3);
@@ -5286,7 +5289,7 @@ Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 	/* the report says so; softmax over the outer dim (rows vectorized
 	 * across) does not run ahead */
 	for (int dim = 1; dim >= 0; dim--) {
-		softmax_graph(&b, 8, 1024, dim);
+		softmax_graph(&b, 4096, 1024, dim);
 		kiln_graph_t *g = graph_from_json_like("softmax", &b.sb);
 		char *k = emit_text(kc, g, KILN_EMIT_KERNELS, NULL);
 		cr_expect_eq(strstr(k, ", first pass a row ahead,") != NULL,
@@ -5296,8 +5299,11 @@ Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 		msgpack_sbuffer_destroy(&b.sb);
 	}
 	cr_assert_eq(kiln_pool_new(3, &match_pool), 0);
-	const int64_t rows[3] = {50, 1, 2};
-	for (int i = 0; i < 3; i++) {
+	/* softmax and log_softmax over these run as a wavefront (the next
+	 * test): 1 to 4 rows are ranges shorter than, as long as and longer
+	 * than its three passes */
+	const int64_t rows[5] = {50, 1, 2, 3, 4};
+	for (int i = 0; i < 5; i++) {
 		int64_t r = rows[i];
 		for (int op = 0; op < 4; op++) {
 			char what[96];
@@ -5356,6 +5362,129 @@ Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 		}
 		free(y);
 	}
+	kiln_pool_free(match_pool);
+	match_pool = NULL;
+	kiln_compiler_free(kc);
+}
+
+/* A row kernel with a transcendental in a later pass, at most 8 MiB
+ * (softmax, log_softmax) runs its passes as a wavefront (codegen.c
+ * gen_row_wave): step s runs pass p on row s - p, all passes in one loop;
+ * layer_norm (light passes) and 16 MiB of softmax run them one after
+ * another. The previous test checks softmax and log_softmax of 1 to 50
+ * rows on three threads against the interpreter and rows whose maxes
+ * differ by hundreds (a pass on another row's values overflows). Here:
+ * - the report and the IR (its wavefront blocks);
+ * - softmax over the last dim of [3, 5, 200] (two outer vars: each pass's
+ *   unit is decomposed) and of [7, 33] (rows of two vectors and a rest),
+ *   on three threads and on one, against the interpreter;
+ * - softmax of rows with -inf entries, a row of one finite value among
+ *   -inf and a row of -inf only (torch's NaN), against f64, each row
+ *   different from its neighbours. */
+Test(codegen, softmax_rows_run_as_a_wavefront)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	static const struct {
+		const char *op;
+		int64_t r;
+		bool wave;
+	} cases[] = {{"aten._softmax.default", 8, true},
+		     {"aten._log_softmax.default", 8, true},
+		     {"aten._softmax.default", 4096, false},
+		     {"layer_norm", 8, false}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		if (strcmp(cases[i].op, "layer_norm") == 0)
+			layer_norm_graph(&b, cases[i].r, 1024, 1);
+		else
+			row_op_graph(&b, cases[i].op, cases[i].r, 1024);
+		kiln_graph_t *g = graph_from_json_like(cases[i].op, &b.sb);
+		char *k = emit_text(kc, g, KILN_EMIT_KERNELS, NULL);
+		cr_expect_eq(strstr(k, ", passes as a wavefront") != NULL,
+			     cases[i].wave, "%s over [%lld, 1024]:\n%s",
+			     cases[i].op, (long long)cases[i].r, k);
+		cr_expect_eq(strstr(k, ", first pass a row ahead") != NULL,
+			     !cases[i].wave, "%s over [%lld, 1024]:\n%s",
+			     cases[i].op, (long long)cases[i].r, k);
+		free(k);
+		kiln_graph_free(g);
+		cr_expect_eq(raw_ir_has(kc, &b, cases[i].op, "\nwave_on"),
+			     cases[i].wave, "%s over [%lld, 1024]: IR",
+			     cases[i].op, (long long)cases[i].r);
+	}
+	for (int pool = 0; pool < 2; pool++) {
+		if (pool == 1)
+			cr_assert_eq(kiln_pool_new(3, &match_pool), 0);
+		const int64_t d3[3] = {3, 5, 200};
+		gb_init(&b);
+		graph_head(&b, 1);
+		specn(&b, "f32", d3, 3);
+		s(&b, "nodes");
+		msgpack_pack_array(&b.pk, 1);
+		node_head(&b, "aten._softmax.default", 3);
+		ref(&b, 0);
+		msgpack_pack_int64(&b.pk, -1);
+		msgpack_pack_false(&b.pk);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", d3, 3);
+		s(&b, "outputs");
+		msgpack_pack_array(&b.pk, 1);
+		ref(&b, 1);
+		kiln_graph_t *g = graph_from_json_like("softmax 3d", &b.sb);
+		char *k = emit_text(kc, g, KILN_EMIT_KERNELS, NULL);
+		cr_expect(strstr(k, ", passes as a wavefront") != NULL, "%s",
+			  k);
+		free(k);
+		expect_matches_interp(kc, g, "default", (uint64_t)(60 + pool),
+				      1e-5, "softmax over [3, 5, 200]");
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+		softmax_graph(&b, 7, 33, 1);
+		g = graph_from_json_like("softmax [7, 33]", &b.sb);
+		expect_matches_interp(kc, g, "default", (uint64_t)(62 + pool),
+				      1e-5, "softmax over [7, 33]");
+		kiln_graph_free(g);
+		msgpack_sbuffer_destroy(&b.sb);
+	}
+	enum { R = 9, C = 100 };
+	static float x[R * C];
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < C; c++) {
+			float v = (float)(kiln_td_prng_uniform(
+					      9, (uint64_t)(r * C + c), -4, 4) +
+					  40.0 * (r % 3));
+			/* every third column of even rows is -inf; row 5
+			 * has one finite value, row 7 none */
+			if ((r % 2 == 0 && c % 3 == 0) || (r == 5 && c != 17) ||
+			    r == 7)
+				v = -INFINITY;
+			x[r * C + c] = v;
+		}
+	softmax_graph(&b, R, C, 1);
+	float *y = run_f32_graph_on(kc, &b, "softmax with -inf", x, R, C);
+	for (int r = 0; r < R; r++) {
+		double mx = -INFINITY, sum = 0;
+		for (int c = 0; c < C; c++)
+			mx = fmax(mx, x[r * C + c]);
+		for (int c = 0; c < C; c++)
+			sum += exp((double)x[r * C + c] - mx);
+		for (int c = 0; c < C; c++) {
+			double want = exp((double)x[r * C + c] - mx) / sum;
+			double got = y[r * C + c];
+			bool ok = isnan(want) ? isnan(got)
+					      : fabs(got - want) <=
+						    1e-5 * fabs(want) + 1e-7;
+			if (!ok) {
+				cr_expect(false,
+					  "softmax with -inf: row %d col %d: "
+					  "%.9g, want %.9g",
+					  r, c, got, want);
+				break;
+			}
+		}
+	}
+	free(y);
 	kiln_pool_free(match_pool);
 	match_pool = NULL;
 	kiln_compiler_free(kc);

@@ -509,7 +509,12 @@ int cg_outer_blocks(cctx_t *c, const kernel_t *k);
 /* Whether row kernel k runs its first pass one unit ahead (codegen.c
  * gen_row_unit_ahead); the report says so. */
 bool cg_row_ahead(cctx_t *c, const kernel_t *k);
-bool cg_row_wave(cctx_t *c, const kernel_t *k);
+/* The wavefront's limit on a row kernel's iteration space (f32 bytes;
+ * codegen.c cg_row_wave): past it the kernel is bound by memory, and three
+ * rows' streams at once ran softmax at 16 MB 3-13% slower than the
+ * passes one after another (bench_kernels --threads 2, alternated). */
+#define CG_WAVE_MAX_BYTES (8.0 * 1024 * 1024)
+int cg_row_wave(cctx_t *c, const kernel_t *k);
 /* codegen.c: the heuristic's reason for that choice (kilnc --emit=kernels) */
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);

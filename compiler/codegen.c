@@ -2299,11 +2299,6 @@ static void gen_tile_leaf(gen_t *g, int w)
  * of a range, where some passes have no unit, run the passes that have
  * one a loop each. */
 #define CG_WAVE_MAX_PASSES 4
-/* The wavefront's limit on a kernel's iteration space (f32 bytes, sizes
- * by their hints): past it the row kernel is bound by memory, and three
- * rows' streams at once ran softmax at 16 MB 3-13% slower than the
- * passes one after another (bench_kernels --threads 2, alternated). */
-#define CG_WAVE_MAX_BYTES (8.0 * 1024 * 1024)
 
 typedef struct cgwave {
 	int np;
@@ -2861,26 +2856,34 @@ static void gen_row_unit_ahead(gen_t *g, LLVMValueRef u, LLVMValueRef begin,
 }
 
 /* Whether an inner-vectorized row kernel runs its passes as a wavefront
- * (the section above wave_leaf, gen_row_wave): a first pass run a unit
+ * (the section above wave_leaf, gen_row_wave), and when: 0 never, 1
+ * always, 2 where its iteration space is at most CG_WAVE_MAX_BYTES when
+ * it runs (a symbolic size: its kernel has both bodies and picks one
+ * per call; by the hint alone, a dynamic softmax first seen small would
+ * run as a wavefront at every size). It takes a first pass run a unit
  * ahead (cg_row_ahead: what makes the passes of different units
  * independent), 2 to CG_WAVE_MAX_PASSES passes, 16 lanes (on 8, the
  * transcendental passes already run out of registers: pass_unroll), a
  * later pass with a transcendental (softmax's exp: the compute the other
  * passes' loads and reductions hide under; layer_norm's light passes ran
- * 5-15% slower side by side), at most CG_WAVE_MAX_BYTES, no row scratch
- * on the stack (one row, which two units' passes would share: a scratch
- * in an output's row is the unit's own), and every value a pass hands to
- * a later one an f32 (the shift registers' type). */
-bool cg_row_wave(cctx_t *c, const kernel_t *k)
+ * 5-15% slower side by side), at most CG_WAVE_MAX_BYTES where the sizes
+ * are static, no row scratch on the stack (one row, which two units'
+ * passes would share: a scratch in an output's row is the unit's own),
+ * and every value a pass hands to a later one an f32 (the shift
+ * registers' type). */
+int cg_row_wave(cctx_t *c, const kernel_t *k)
 {
 	if (c->vec_width < 16 || k->n_passes > CG_WAVE_MAX_PASSES ||
 	    !cg_row_ahead(c, k))
-		return false;
+		return 0;
 	double bytes = 4;
-	for (uint32_t i = 0; i < k->frank; i++)
+	bool sym = false;
+	for (uint32_t i = 0; i < k->frank; i++) {
+		sym = sym || k->fsizes[i].e != NULL;
 		bytes *= (double)ix_estimate(c, ix_dim(c, k->fsizes[i]));
-	if (bytes > CG_WAVE_MAX_BYTES)
-		return false;
+	}
+	if (!sym && bytes > CG_WAVE_MAX_BYTES)
+		return 0;
 	bool heavy = false;
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
@@ -2889,21 +2892,21 @@ bool cg_row_wave(cctx_t *c, const kernel_t *k)
 			heavy = true;
 	}
 	if (!heavy)
-		return false;
+		return 0;
 	for (uint32_t i = 0; i < k->n_members; i++) {
 		const kmember_t *m = &k->members[i];
 		const cnode_t *n = &c->nodes[m->node];
 		const cbuf_t *b = &c->bufs[n->buf];
 		if (b->row_local && b->row_out == 0)
-			return false;
+			return 0;
 		if (m->pass < 0 || m->pass >= k->n_passes - 1 ||
 		    m->role == ROLE_FULL)
 			continue;
 		if (b->dtype != KILN_DT_F32 || m->body->dt != KILN_DT_F32 ||
 		    n->red == RED_ARGMAX || n->red == RED_ARGMIN)
-			return false;
+			return 0;
 	}
-	return true;
+	return sym ? 2 : 1;
 }
 
 /* The state pass p starts from at step s: its unit's vars (unit s - p),
@@ -3058,25 +3061,57 @@ static void gen_row_wave(gen_t *g, LLVMValueRef begin, LLVMValueRef end,
 
 #define PW_CHUNK CG_PW_CHUNK
 
+static void gen_kernel_units(gen_t *g, LLVMValueRef begin, LLVMValueRef end);
+
 static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
+{
+	cctx_t *c = g->c;
+	kernel_t *k = g->k;
+	uint32_t f = k->frank;
+	int wave = k->is_row ? cg_row_wave(c, k) : 0;
+	if (wave == 0) {
+		gen_kernel_units(g, begin, end);
+		return;
+	}
+	uint32_t od[CIR_MAX_RANK] = {0};
+	LLVMValueRef osz[CIR_MAX_RANK + 1] = {0};
+	uint32_t no = 0;
+	LLVMValueRef bytes = K64(g, 4);
+	for (uint32_t i = 0; i < f; i++) {
+		LLVMValueRef n = emit_ix(g, ix_dim(c, k->fsizes[i]));
+		bytes = LLVMBuildMul(g->b, bytes, n, "");
+		if (!(k->rmask >> i & 1)) {
+			od[no] = i;
+			osz[no++] = n;
+		}
+	}
+	LLVMBasicBlockRef classic = NULL;
+	if (wave == 2)
+		classic = wave_if(
+		    g, LLVMBuildICmp(g->b, LLVMIntSLE, bytes,
+				     K64(g, (int64_t)CG_WAVE_MAX_BYTES), ""));
+	g->vvar = (int)(f - 1);
+	gen_row_wave(g, begin, end, od, no, osz);
+	if (classic == NULL)
+		return;
+	LLVMBasicBlockRef join =
+	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wave_join");
+	LLVMBuildBr(g->b, join);
+	LLVMPositionBuilderAtEnd(g->b, classic);
+	memo_clear(g);
+	gen_kernel_units(g, begin, end);
+	LLVMBuildBr(g->b, join);
+	LLVMPositionBuilderAtEnd(g->b, join);
+	memo_clear(g);
+}
+
+/* The units [begin, end) of a kernel, one after another. */
+static void gen_kernel_units(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 {
 	cctx_t *c = g->c;
 	kernel_t *k = g->k;
 	int W = c->vec_width;
 	uint32_t f = k->frank;
-	if (k->is_row && cg_row_wave(c, k)) {
-		uint32_t od[CIR_MAX_RANK] = {0};
-		LLVMValueRef osz[CIR_MAX_RANK + 1] = {0};
-		uint32_t no = 0;
-		for (uint32_t i = 0; i < f; i++)
-			if (!(k->rmask >> i & 1)) {
-				od[no] = i;
-				osz[no++] = emit_ix(g, ix_dim(c, k->fsizes[i]));
-			}
-		g->vvar = (int)(f - 1);
-		gen_row_wave(g, begin, end, od, no, osz);
-		return;
-	}
 	loop_t U;
 	loop_begin(g, &U, begin, end, 1);
 	LLVMValueRef u = U.i;

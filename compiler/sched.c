@@ -1238,9 +1238,15 @@ char *sched_report(cctx_t *c)
 				  c->vec_width);
 		if (k->tiled)
 			sb_printf(&s, ", transposes through tiles of %d", TBLK);
-		if (cg_row_wave(c, k))
+		int wave = cg_row_wave(c, k);
+		if (wave == 1)
 			sb_printf(&s, ", passes as a wavefront (pass p on "
 				      "row s - p)");
+		else if (wave == 2)
+			sb_printf(&s,
+				  ", passes as a wavefront (pass p on row s - "
+				  "p) up to %.0f MiB, checked when it runs",
+				  CG_WAVE_MAX_BYTES / (1024 * 1024));
 		else if (cg_row_ahead(c, k))
 			sb_printf(&s, ", first pass a row ahead");
 		if (k->is_epilogue)

@@ -143,7 +143,8 @@ def main():
                 print(f"   Inductor graphs: {ind_miss} compiled, {ind_hit} from its "
                       "FX-graph cache")
                 r = ind_first / k_first
-                than = f"{r:.1f}x faster than" if r >= 1 else f"{1 / r:.1f}x slower than"
+                than = (f"{r:.1f}x faster than" if r >= 1.05 else
+                        f"{1 / r:.1f}x slower than" if r <= 1 / 1.05 else "as fast as")
                 print(f"   first call: kiln {than} Inductor; "
                       f"step: kiln {k / ind:.2f}x Inductor's, {k / eager:.2f}x eager's\n")
             s = client.call("status")["stats"]

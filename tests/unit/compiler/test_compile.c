@@ -478,13 +478,13 @@ Test(codegen, repeated_layers_share_bodies, .timeout = 300)
 	}
 }
 
-/* op (_softmax or _log_softmax) over dim of an f32 [r, c] input. */
-static void row_op_dim_graph(gb_t *b, const char *op, int64_t r, int64_t c,
-			     int64_t dim)
+/* op (_softmax or _log_softmax) over dim of an f32 input of sizes d. */
+static void row_op_nd_graph(gb_t *b, const char *op, const int64_t *d,
+			    uint32_t rank, int64_t dim)
 {
 	gb_init(b);
 	graph_head(b, 1);
-	spec2(b, "f32", r, c);
+	specn(b, "f32", d, rank);
 	s(b, "nodes");
 	msgpack_pack_array(&b->pk, 1);
 	node_head(b, op, 3);
@@ -493,10 +493,18 @@ static void row_op_dim_graph(gb_t *b, const char *op, int64_t r, int64_t c,
 	msgpack_pack_false(&b->pk);
 	s(b, "out");
 	msgpack_pack_array(&b->pk, 1);
-	spec2(b, "f32", r, c);
+	specn(b, "f32", d, rank);
 	s(b, "outputs");
 	msgpack_pack_array(&b->pk, 1);
 	ref(b, 1);
+}
+
+/* op (_softmax or _log_softmax) over dim of an f32 [r, c] input. */
+static void row_op_dim_graph(gb_t *b, const char *op, int64_t r, int64_t c,
+			     int64_t dim)
+{
+	const int64_t d[2] = {r, c};
+	row_op_nd_graph(b, op, d, 2, dim);
 }
 
 /* softmax over dim of an f32 [r, c] input: the graph of several tests. */
@@ -5429,21 +5437,7 @@ Test(codegen, softmax_rows_run_as_a_wavefront)
 		if (pool == 1)
 			cr_assert_eq(kiln_pool_new(3, &match_pool), 0);
 		const int64_t d3[3] = {3, 5, 200};
-		gb_init(&b);
-		graph_head(&b, 1);
-		specn(&b, "f32", d3, 3);
-		s(&b, "nodes");
-		msgpack_pack_array(&b.pk, 1);
-		node_head(&b, "aten._softmax.default", 3);
-		ref(&b, 0);
-		msgpack_pack_int64(&b.pk, -1);
-		msgpack_pack_false(&b.pk);
-		s(&b, "out");
-		msgpack_pack_array(&b.pk, 1);
-		specn(&b, "f32", d3, 3);
-		s(&b, "outputs");
-		msgpack_pack_array(&b.pk, 1);
-		ref(&b, 1);
+		row_op_nd_graph(&b, "aten._softmax.default", d3, 3, -1);
 		kiln_graph_t *g = graph_from_json_like("softmax 3d", &b.sb);
 		char *k = emit_text(kc, g, KILN_EMIT_KERNELS, NULL);
 		cr_expect_eq(strstr(k, ", passes as a wavefront") != NULL, avx,

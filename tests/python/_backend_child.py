@@ -2,7 +2,7 @@
 backend="kiln" (KILN_SOCKET names the daemon), trains 2 steps, prints one
 JSON line: the source and signature of each graph, and the losses.
 
-    python _backend_child.py train mlp|gpt2 [kiln|inductor]
+    python _backend_child.py train mlp|kwdefaults|gpt2 [kiln|inductor]
 
 The line also has kiln.backend.stats(), which graphs came from torch's
 AOTAutograd cache (aot), Dynamo's AOTAutograd counters (aot_counters), the
@@ -25,7 +25,25 @@ import kiln.backend as kb  # noqa: E402
 from kiln.runtime import blas_core  # noqa: E402
 
 
+def _scaled(x, *, k=0.5, shift=None):
+    """Read through its keyword defaults: Dynamo guards on them (a
+    DefaultsSource), as on inspect.signature's in Hugging Face BERT."""
+    return x * k if shift is None else x * k + shift
+
+
+class KwDefaults(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return _scaled(self.lin(x))
+
+
 def model(name):
+    if name == "kwdefaults":
+        torch.manual_seed(0)
+        return KwDefaults(), (torch.rand(2, 8, generator=torch.Generator().manual_seed(1)),)
     if name == "mlp":
         torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),

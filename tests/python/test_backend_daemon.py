@@ -141,6 +141,33 @@ def test_torch_precompile_skips_dynamo_too_and_survives_a_missing_daemon(daemons
     torch.testing.assert_close(third["losses"], first["losses"], rtol=1e-5, atol=1e-6)
 
 
+def test_torch_precompile_loads_guards_on_keyword_defaults(daemons, tmp_path):
+    # torch 2.11 pickles a DefaultsSource with its derived fields and cannot
+    # load it back (TypeError: DefaultsSource.__init__() takes from 3 to 4
+    # positional arguments but 6 were given): kiln mends that on import
+    # (backend._mend_source_pickling), so the second process loads the entry
+    d = daemons.start("prekw")
+    daemons.use(d)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch"), "TORCH_CACHING_PRECOMPILE": "1"}
+    first = _child("train", "kwdefaults", env=dict(env, KILN_CHILD_SAVE_PRECOMPILE="1"))
+    assert first["dynamo_graphs"] == 1 and first["sources"] == ["compiled", "compiled"], first
+    second = _child("train", "kwdefaults", env=env)
+    assert second["dynamo_graphs"] == 0 and second["sources"] == ["memory", "memory"], second
+    assert second["losses"] == first["losses"]
+
+
+def test_dynamo_guard_sources_survive_a_pickle_round_trip_once_kiln_is_imported():
+    import pickle
+
+    import kiln.backend as kb
+    from torch._dynamo import source as S
+    for s in (S.DefaultsSource(S.LocalSource("f"), 1),
+              S.DefaultsSource(S.GlobalSource("g"), "k", is_kw=True)):
+        t = pickle.loads(pickle.dumps(s))
+        assert t == s and t._name == s._name and t.field == s.field
+    assert kb._mend_source_pickling() is False  # nothing is left to mend
+
+
 def test_kiln_and_inductor_never_take_each_others_entries(daemons, tmp_path):
     d = daemons.start("aotind")
     daemons.use(d)

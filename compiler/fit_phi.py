@@ -3,21 +3,21 @@ phi_f32_avx512) and prints it as C, with the error it measures.
 
     .venv/bin/python compiler/fit_phi.py > /tmp/phi_tab.inc
 
-Φ(x) = (1 + erf(x/√2))/2 on [-XC, XC] is cut into 31 intervals of width H
-centred on j·H, j = -15..15. u = x/H in f32; j = round(u) (to even) and
-s = u - j ∈ [-0.5, 0.5] (vreduceps, exact). On each interval Φ(H·(j + s))
-is a polynomial of degree 5 in s, fitted by least squares weighted
-towards minimax absolute error (Lawson's iteration), its coefficients
-rounded to f32. Entry j mod 32 of each 32-entry row is interval j's
-coefficient (vpermt2ps indexes two registers of 16 lanes by the low 5
-bits of u + 1.5·2^23, which are j mod 32); entry 16 is unused. The
-intervals at ±15 (|x| >= 14.5·H = 5.21, where Φ is within 9.4e-8 of 0 or
-1) are the constants 0 and 1, so gelu(x) is -0 and x there as beyond XC,
-where torch's f32 formula gives them.
+The kernel evaluates q = Φ(-|x|) = erfc(|x|/√2)/2 and returns 1 - q for
+x > 0, q otherwise. |x|, clamped to 31·H, is cut into 32 intervals of width
+H centred on j·H, j = 0..31 (interval 0 is [0, H/2]). u = |x|/H in f32; j =
+round(u) (to even) and s = u - j ∈ [-0.5, 0.5] (vreduceps, exact). On each
+interval Φ(-H·(j + s)) is a polynomial of degree 4 in s, fitted by least
+squares weighted towards minimax absolute error (Lawson's iteration), its
+coefficients rounded to f32. Entry j of each 32-entry row is interval j's
+coefficient (vpermt2ps indexes two registers of 16 lanes by the low 5 bits
+of u + 1.5·2^23, which are j). Interval 31 (|x| >= 30.5·H = 5.48, where Φ
+is within 2.1e-8 of 0 or 1) is the constant 0, so gelu(x) is -0 and x
+there, as torch's f32 formula gives them beyond 5.5437.
 
 The check evaluates the table as the kernel does (f32 products, FMAs
-rounded once, the same Estrin order) at 9 million points of [-XC, XC]
-against Φ in f64 and prints the largest error.
+rounded once, Horner's order, 1 - q rounded to f32) at 9 million points of
+[-XC, XC] against Φ in f64 and prints the largest error.
 """
 import re
 import sys
@@ -25,10 +25,11 @@ import sys
 import numpy as np
 import torch
 
-H = 0.359375  # 23/64: exact in f32
-XC = float.fromhex("0x1.62cbfcp+2")  # 3.92·√2 in f32: Φ is 0 or 1 beyond
-J = 15
-DEG = 5
+H = 0.1796875  # 23/128: exact in f32
+AC = 31 * H  # |x| is clamped here: u = 31, the zero interval
+XC = 5.6  # the check's range: beyond the clamp
+N = 32
+DEG = 4
 
 
 def phi(x):
@@ -37,10 +38,10 @@ def phi(x):
 
 
 def fit(j):
-    lo, hi = -0.5, 0.5
+    lo, hi = (0.0, 0.5) if j == 0 else (-0.5, 0.5)
     n = 400
     s = (lo + hi) / 2 + (hi - lo) / 2 * np.cos(np.pi * (np.arange(n) + 0.5) / n)
-    y = phi(H * (j + s))
+    y = phi(-H * (j + s))
     w = np.ones(n)
     for _ in range(80):
         v = np.vander(s, DEG + 1)
@@ -53,10 +54,9 @@ def fit(j):
 
 
 def table():
-    t = np.zeros((DEG + 1, 32), np.float32)
-    for j in range(-J + 1, J):
-        t[:, j % 32] = fit(j)
-    t[DEG, J % 32] = 1.0  # j = 15: Φ = 1; j = -15 stays 0
+    t = np.zeros((DEG + 1, N), np.float32)
+    for j in range(N - 1):  # j = 31 stays 0
+        t[:, j] = fit(j)
     return t
 
 
@@ -66,16 +66,15 @@ def fma(a, b, c):
 
 
 def evaluate(t, x):
-    u = (x.astype(np.float64) * np.float64(np.float32(1 / H))).astype(np.float32)
+    a = np.minimum(np.abs(x), np.float32(AC))
+    u = (a.astype(np.float64) * np.float64(np.float32(1 / H))).astype(np.float32)
     j = np.round(u.astype(np.float64))
     s = (u - j).astype(np.float32)
-    c = t[:, j.astype(np.int64) % 32]
-    s2 = (s * s).astype(np.float32)
-    a = fma(c[0], s, c[1])
-    b = fma(c[2], s, c[3])
-    d = fma(c[4], s, c[5])
-    p = fma(fma(a, s2, b), s2, d)
-    return np.where(x > XC, 1.0, np.where(x < -XC, 0.0, p))
+    c = t[:, j.astype(np.int64)]
+    q = c[0]
+    for k in range(1, DEG + 1):
+        q = fma(q, s, c[k])
+    return np.where(x > 0, (np.float32(1) - q).astype(np.float32), q)
 
 
 def c_float(v):
@@ -95,12 +94,12 @@ def main():
     err = np.abs(evaluate(t, x) - phi(x))
     print("max |error| %.3g at x = %.9g" % (err.max(), x[err.argmax()]),
           file=sys.stderr)
-    print("/* compiler/fit_phi.py: row k holds the coefficients of s^(5-k) */")
+    print("/* compiler/fit_phi.py: row k holds the coefficients of s^(%d-k) */" % DEG)
     print("/* clang-format off */")
-    print("static const float phi_tab[%d][32] = {" % (DEG + 1))
+    print("static const float phi_tab[%d][%d] = {" % (DEG + 1, N))
     for k in range(DEG + 1):
         vals = [c_float(v) for v in t[k]]
-        lines = [", ".join(vals[i:i + 4]) for i in range(0, 32, 4)]
+        lines = [", ".join(vals[i:i + 4]) for i in range(0, N, 4)]
         print("\t{" + ",\n\t ".join(lines) + "},")
     print("};")
     print("/* clang-format on */")

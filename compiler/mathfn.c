@@ -10,7 +10,7 @@
  * lose accuracy for |x| > 8192. erf: a rational approximation, within
  * 3.6e-7 relative (see erf_f32); Φ, the normal cdf gelu uses, is the same
  * rational (phi_f32), or on 16 AVX-512 lanes a table of polynomials
- * (phi_f32_avx512, 1.02e-7 absolute). OP_EXPNP is the exp without an overflow
+ * (phi_f32_avx512, 6.19e-8 absolute). OP_EXPNP is the exp without an overflow
  * end, for arguments the lowering knows are <= 0 (exp_nonpos_f32). On AVX-512,
  * exp (and what is built on it) scales by 2^n with vscalefps (exp_f32_avx512):
  * half the instructions; softmax runs 1.5x faster. f64 and the rare binary
@@ -271,83 +271,78 @@ static LLVMValueRef erf_f32(gen_t *g, LLVMValueRef x, int w)
 	return SEL(big, one, r);
 }
 
-/* compiler/fit_phi.py: row k holds the coefficients of s^(5-k) */
+/* compiler/fit_phi.py: row k holds the coefficients of s^(4-k) */
 /* clang-format off */
-static const float phi_tab[6][32] = {
-	{0x1.f2267p-15f, 0x1.5d0ecap-15f, 0x1.67588cp-19f, -0x1.e52058p-16f,
-	 -0x1.2f04ecp-15f, -0x1.8af744p-16f, -0x1.b2e032p-18f, 0x1.18348ap-18f,
-	 0x1.cebf1p-18f, 0x1.62f0e8p-18f, 0x1.84b3a2p-19f, 0x1.4e9492p-20f,
-	 0x1.d6f904p-22f, 0x1.14b44ep-23f, 0x1.12ccbp-25f, 0.0f,
-	 0.0f, 0.0f, 0x1.12ccbap-25f, 0x1.14b454p-23f,
-	 0x1.d6f8fap-22f, 0x1.4e949p-20f, 0x1.84b3a2p-19f, 0x1.62f0e8p-18f,
-	 0x1.cebf1p-18f, 0x1.18348ap-18f, -0x1.b2e032p-18f, -0x1.8af744p-16f,
-	 -0x1.2f04ecp-15f, -0x1.e52058p-16f, 0x1.67588cp-19f, 0x1.5d0ecap-15f},
-	{-0x1.7ap-48f, 0x1.170856p-12f, 0x1.8e2f98p-12f, 0x1.40c92ep-12f,
-	 0x1.165aap-13f, -0x1.6a31a4p-16f, -0x1.90a59cp-14f, -0x1.99baeep-14f,
-	 -0x1.1a64dp-14f, -0x1.2d95c8p-15f, -0x1.063bf8p-16f, -0x1.7c5d88p-18f,
-	 -0x1.d28ffep-20f, -0x1.e83988p-22f, -0x1.b6735ap-24f, 0.0f,
-	 0.0f, 0.0f, 0x1.b6735ep-24f, 0x1.e83988p-22f,
-	 0x1.d28ffep-20f, 0x1.7c5d88p-18f, 0x1.063bf8p-16f, 0x1.2d95c8p-15f,
-	 0x1.1a64dp-14f, 0x1.99baeep-14f, 0x1.90a59cp-14f, 0x1.6a31a4p-16f,
-	 -0x1.165aap-13f, -0x1.40c92ep-12f, -0x1.8e2f98p-12f, -0x1.170856p-12f},
-	{-0x1.947cd8p-9f, -0x1.4a386ep-9f, -0x1.2e0c1p-10f, 0x1.25c1fap-12f,
-	 0x1.32ffc4p-10f, 0x1.66d422p-10f, 0x1.20c702p-10f, 0x1.6c3d84p-11f,
-	 0x1.7912c2p-12f, 0x1.479d72p-13f, 0x1.e3d9b2p-15f, 0x1.321618p-16f,
-	 0x1.4d872p-18f, 0x1.3a2e6ep-20f, 0x1.008fep-22f, 0.0f,
-	 0.0f, 0.0f, 0x1.008fdep-22f, 0x1.3a2e6ep-20f,
-	 0x1.4d872p-18f, 0x1.321618p-16f, 0x1.e3d9b2p-15f, 0x1.479d72p-13f,
-	 0x1.7912c2p-12f, 0x1.6c3d84p-11f, 0x1.20c702p-10f, 0x1.66d422p-10f,
-	 0x1.32ffc4p-10f, 0x1.25c1fap-12f, -0x1.2e0c1p-10f, -0x1.4a386ep-9f},
-	{0x1.e067aep-49f, -0x1.1c64acp-7f, -0x1.d49de8p-7f, -0x1.fcf79p-7f,
-	 -0x1.afd658p-7f, -0x1.2de0e4p-7f, -0x1.6415e8p-8f, -0x1.66e158p-9f,
-	 -0x1.37622ap-10f, -0x1.d37346p-12f, -0x1.308b7cp-13f, -0x1.593f5ap-15f,
-	 -0x1.551d6ap-17f, -0x1.2620b4p-19f, -0x1.bb1c34p-22f, 0.0f,
-	 0.0f, 0.0f, 0x1.bb1c34p-22f, 0x1.2620b4p-19f,
-	 0x1.551d6ap-17f, 0x1.593f5ap-15f, 0x1.308b7cp-13f, 0x1.d37346p-12f,
-	 0x1.37622ap-10f, 0x1.66e158p-9f, 0x1.6415e8p-8f, 0x1.2de0e4p-7f,
-	 0x1.afd658p-7f, 0x1.fcf79p-7f, 0x1.d49de8p-7f, 0x1.1c64acp-7f},
-	{0x1.259f1cp-3f, 0x1.134294p-3f, 0x1.c59092p-4f, 0x1.4868e4p-4f,
-	 0x1.a1f574p-5f, 0x1.d37a7cp-6f, 0x1.cb8408p-7f, 0x1.8cf68p-8f,
-	 0x1.2d6084p-9f, 0x1.922bdcp-11f, 0x1.d7a73ep-13f, 0x1.e61f4cp-15f,
-	 0x1.b854b8p-17f, 0x1.5e8774p-19f, 0x1.ea77bep-22f, 0.0f,
-	 0.0f, 0.0f, 0x1.ea77bep-22f, 0x1.5e8774p-19f,
-	 0x1.b854b8p-17f, 0x1.e61f4cp-15f, 0x1.d7a73ep-13f, 0x1.922bdcp-11f,
-	 0x1.2d6084p-9f, 0x1.8cf68p-8f, 0x1.cb8408p-7f, 0x1.d37a7cp-6f,
-	 0x1.a1f574p-5f, 0x1.4868e4p-4f, 0x1.c59092p-4f, 0x1.134294p-3f},
-	{0x1.0p-1f, 0x1.47dbp-1f, 0x1.8717aep-1f, 0x1.b811d4p-1f,
-	 0x1.d973dap-1f, 0x1.ed7a1cp-1f, 0x1.f80c2ep-1f, 0x1.fcf54ap-1f,
-	 0x1.fef738p-1f, 0x1.ffb01cp-1f, 0x1.ffeaa4p-1f, 0x1.fffaf2p-1f,
-	 0x1.fffef2p-1f, 0x1.ffffcep-1f, 0x1.fffff8p-1f, 0x1.0p0f,
-	 0.0f, 0.0f, 0x1.059dfcp-22f, 0x1.9097e8p-20f,
-	 0x1.0ed13ap-17f, 0x1.43898ep-15f, 0x1.55c954p-13f, 0x1.3f93f4p-11f,
-	 0x1.08c892p-9f, 0x1.855ab8p-8f, 0x1.fcf47ap-7f, 0x1.285e34p-5f,
-	 0x1.34612cp-4f, 0x1.1fb8b2p-3f, 0x1.e3a14cp-3f, 0x1.704ap-2f},
+static const float phi_tab[5][32] = {
+	{-0x1.38bb9ap-19f, -0x1.30652p-17f, -0x1.188f7ap-16f, -0x1.6e6cc8p-16f,
+	 -0x1.900cc8p-16f, -0x1.7df044p-16f, -0x1.41bb36p-16f, -0x1.d5e342p-17f,
+	 -0x1.15e444p-17f, -0x1.896914p-19f, 0x1.772a1ep-20f, 0x1.26318cp-18f,
+	 0x1.9368dep-18f, 0x1.b3434ep-18f, 0x1.9ae5b4p-18f, 0x1.616dfcp-18f,
+	 0x1.1a5c84p-18f, 0x1.a7b95cp-19f, 0x1.2cade8p-19f, 0x1.957acep-20f,
+	 0x1.04a88p-20f, 0x1.404a7ap-21f, 0x1.78dc02p-22f, 0x1.a9399cp-23f,
+	 0x1.cca858p-24f, 0x1.df992ap-25f, 0x1.e03f48p-26f, 0x1.ced734p-27f,
+	 0x1.ad8fb2p-28f, 0x1.801caep-29f, 0x1.4b109cp-30f, 0.0f},
+	{0x1.958fd6p-12f, 0x1.809a3ap-12f, 0x1.49cc16p-12f, 0x1.efd288p-13f,
+	 0x1.2dfdb4p-13f, 0x1.a20636p-15f, -0x1.236a7ap-15f, -0x1.a983cep-14f,
+	 -0x1.3243b6p-13f, -0x1.60c60ep-13f, -0x1.6658f8p-13f, -0x1.4d21cp-13f,
+	 -0x1.20a492p-13f, -0x1.d7137p-14f, -0x1.6c6834p-14f, -0x1.0c671ap-14f,
+	 -0x1.79a26ep-15f, -0x1.fca2p-16f, -0x1.487afap-16f, -0x1.9769a8p-17f,
+	 -0x1.e5c15ap-18f, -0x1.169de4p-18f, -0x1.33bbe8p-19f, -0x1.47749ap-20f,
+	 -0x1.4fdbdcp-21f, -0x1.4c2e86p-22f, -0x1.3cef48p-23f, -0x1.23cb8ap-24f,
+	 -0x1.034fbap-25f, -0x1.bcfa1cp-27f, -0x1.70b05p-28f, 0.0f},
+	{-0x1.8622e2p-23f, 0x1.2a8304p-10f, 0x1.1c6624p-9f, 0x1.89846p-9f,
+	 0x1.d49fb2p-9f, 0x1.fa904ep-9f, 0x1.fcf878p-9f, 0x1.e1632p-9f,
+	 0x1.afd61ep-9f, 0x1.7137aap-9f, 0x1.2de01cp-9f, 0x1.d92b3ap-10f,
+	 0x1.641494p-10f, 0x1.01a684p-10f, 0x1.66e038p-11f, 0x1.e184e4p-12f,
+	 0x1.37623ap-12f, 0x1.8467eep-13f, 0x1.d376c2p-14f, 0x1.0f8744p-14f,
+	 0x1.30918ep-15f, 0x1.49f2a4p-16f, 0x1.594cdep-17f, 0x1.5d299ap-18f,
+	 0x1.55342cp-19f, 0x1.4245aap-20f, 0x1.263f78p-21f, 0x1.03bd5cp-22f,
+	 0x1.bb60c6p-24f, 0x1.6def1ep-25f, 0x1.2412c2p-26f, 0.0f},
+	{-0x1.259f18p-4f, -0x1.20eb56p-4f, -0x1.13428ep-4f, -0x1.fbd42cp-5f,
+	 -0x1.c59092p-5f, -0x1.883a7p-5f, -0x1.4868eep-5f, -0x1.0a3d1cp-5f,
+	 -0x1.a1f58ap-6f, -0x1.3da584p-6f, -0x1.d37a9ap-7f, -0x1.4d105cp-7f,
+	 -0x1.cb841ap-8f, -0x1.32ead4p-8f, -0x1.8cf66cp-9f, -0x1.f11cfep-10f,
+	 -0x1.2d603ep-10f, -0x1.61cf32p-11f, -0x1.922afep-12f, -0x1.ba9cap-13f,
+	 -0x1.d7a55p-14f, -0x1.e69da4p-15f, -0x1.e61becp-16f, -0x1.d62c86p-17f,
+	 -0x1.b84fe2p-18f, -0x1.8f3ec8p-19f, -0x1.5e81a8p-20f, -0x1.29f0bep-21f,
+	 -0x1.ea6bfep-23f, -0x1.86cd68p-24f, -0x1.2d8612p-25f, 0.0f},
+	{0x1.0p-1f, 0x1.b6fcdcp-2f, 0x1.704ap-2f, 0x1.2ep-2f,
+	 0x1.e3a14ap-3f, 0x1.79cea6p-3f, 0x1.1fb8bp-3f, 0x1.aaecdap-4f,
+	 0x1.34612cp-4f, 0x1.b182fep-5f, 0x1.285e34p-5f, 0x1.89f65cp-6f,
+	 0x1.fcf47cp-7f, 0x1.3f65dcp-7f, 0x1.855abap-8f, 0x1.ccddd2p-9f,
+	 0x1.08c89p-9f, 0x1.274c82p-10f, 0x1.3f93eep-11f, 0x1.4f8de4p-12f,
+	 0x1.55c93cp-13f, 0x1.51ab82p-14f, 0x1.43895ap-15f, 0x1.2c9b5p-16f,
+	 0x1.0ed0e4p-17f, 0x1.d9160ep-19f, 0x1.9096fep-20f, 0x1.48d04ep-21f,
+	 0x1.059cf8p-22f, 0x1.937cfep-24f, 0x1.2d9022p-25f, 0.0f},
 };
 /* clang-format on */
 
-/* Φ on 16 lanes of an AVX-512 target (OP_PHI; gelu is x·Φ(x)): a table of
- * 31 polynomials of degree 5, one for each interval of width H = 23/64
- * centred on j·H, j = -15..15, which together cover [-5.5437, 5.5437].
- * u = x/H; s = u - round(u) ∈ [-1/2, 1/2] is one vreduceps (exact; u -
- * roundeven(u) without AVX512DQ) and j mod 32 is the low 5 bits of u +
- * 1.5·2^23; each coefficient is one vpermt2ps from two registers of 16
- * lanes (a row of phi_tab); the polynomial in s runs in Estrin's order (s²,
- * three pairs, two FMAs). Beyond ±5.5437 Φ is 1 and 0 by two masked moves,
- * and the outer intervals (|x| >= 5.21) are those constants, so gelu(x) is
- * x and -0 there as torch's is beyond 5.5437; +inf gives +inf, -inf NaN
- * (-inf·0, as torch) and NaN NaN. Error: 1.02e-7 absolute (Φ's f32 ulp
- * just below 1 is 6e-8), where the rational below has 1.98e-7;
- * compiler/fit_phi.py fits the table and measures it.
- * The rational takes 14 operations on the FMA pipes and a division that
- * ends its chain; this takes 9 multiplies and FMAs, 6 permutes and no
- * division, and a chain 4 operations shorter. gelu(x·w + b) over rows in
- * L2, one thread of the Zen 5 (bench_kernels, alternated): 53-54 -> 62-67
- * GB/s. It stays compute-bound: on this core the permutes issue on the
- * FMA pipes (measured: 8 FMAs and 8 vpermt2ps take as long as 16 FMAs). */
+/* Φ on 16 lanes of an AVX-512 target (OP_PHI; gelu is x·Φ(x)): q =
+ * Φ(-|x|) from a table of 32 polynomials of degree 4, one for each interval
+ * of width H = 23/128 centred on j·H, j = 0..31, then Φ(x) = 1 - q for x >
+ * 0 and q otherwise. |x| is clamped to 31·H; u = |x|/H; s = u - round(u) ∈
+ * [-1/2, 1/2] is one vreduceps (exact; u - roundeven(u) without AVX512DQ)
+ * and j is the low 5 bits of u + 1.5·2^23; each coefficient is one
+ * vpermt2ps from two registers of 16 lanes (a row of phi_tab); the
+ * polynomial in s runs in Horner's order. Interval 31 (|x| >= 5.48, where
+ * Φ is within 2.1e-8 of 0 or 1) is 0, so gelu(x) is x and -0 there as
+ * torch's is beyond 5.5437; +inf gives +inf, -inf NaN (-inf·0, as torch)
+ * and NaN NaN (the clamp keeps it, and x > 0 is false). Error: 6.19e-8
+ * absolute (Φ's f32 ulp just below 1 is 6e-8); compiler/fit_phi.py fits
+ * the table and measures it.
+ * The table over both signs it replaced (31 intervals of width 23/64 on
+ * [-5.54, 5.54], degree 5 in Estrin's order) took 7 multiplies and FMAs
+ * and 6 permutes, with 1.02e-7; this takes 5 and 5, and three operations
+ * off the FMA pipes (the abs, the clamp and 1 - q). The rational below
+ * takes 14 operations on the FMA pipes and a division. It stays
+ * compute-bound: on Zen 5 the permutes issue on the FMA pipes (measured:
+ * 8 FMAs and 8 vpermt2ps take as long as 16 FMAs). */
 static LLVMValueRef phi_f32_avx512(gen_t *g, LLVMValueRef x, int w)
 {
-	const double xc = 0x1.62cbfcp+2, h = 0.359375, magic = 12582912.0;
-	LLVMValueRef u = FMUL(x, F(1.0 / h));
+	const double h = 0.1796875, magic = 12582912.0;
+	LLVMValueRef a = un_intr(g, "llvm.fabs", x);
+	a = SEL(FCMP(LLVMRealOGT, a, F(31.0 * h)), F(31.0 * h), a);
+	LLVMValueRef u = FMUL(a, F(1.0 / h));
 	LLVMValueRef s;
 	if (strstr(g->c->target->features, "+avx512dq") != NULL) {
 		LLVMValueRef ra[5] = {u, LLVMConstInt(g->i32, 0, 0), u,
@@ -359,8 +354,8 @@ static LLVMValueRef phi_f32_avx512(gen_t *g, LLVMValueRef x, int w)
 		s = FSUB(u, un_intr(g, "llvm.roundeven", u));
 	}
 	LLVMValueRef idx = as_int(g, FADD(u, F(magic)), w);
-	LLVMValueRef ck[6];
-	for (int k = 0; k < 6; k++) {
+	LLVMValueRef q = NULL;
+	for (int k = 0; k < 5; k++) {
 		LLVMValueRef lo[16], hi[16];
 		for (int e = 0; e < 16; e++) {
 			lo[e] = LLVMConstReal(g->f32, phi_tab[k][e]);
@@ -368,16 +363,11 @@ static LLVMValueRef phi_f32_avx512(gen_t *g, LLVMValueRef x, int w)
 		}
 		LLVMValueRef args[3] = {LLVMConstVector(lo, 16), idx,
 					LLVMConstVector(hi, 16)};
-		ck[k] = cg_intr(g, "llvm.x86.avx512.vpermi2var.ps.512", NULL, 0,
-				args, 3);
+		LLVMValueRef ck = cg_intr(
+		    g, "llvm.x86.avx512.vpermi2var.ps.512", NULL, 0, args, 3);
+		q = q == NULL ? ck : fma_(g, q, s, ck);
 	}
-	LLVMValueRef s2 = FMUL(s, s);
-	LLVMValueRef A = fma_(g, ck[0], s, ck[1]);
-	LLVMValueRef B = fma_(g, ck[2], s, ck[3]);
-	LLVMValueRef C = fma_(g, ck[4], s, ck[5]);
-	LLVMValueRef p = fma_(g, fma_(g, A, s2, B), s2, C);
-	p = SEL(FCMP(LLVMRealOGT, x, F(xc)), F(1.0), p);
-	return SEL(FCMP(LLVMRealOLT, x, F(-xc)), F(0.0), p);
+	return SEL(FCMP(LLVMRealOGT, x, F(0.0)), FSUB(F(1.0), q), q);
 }
 
 /* Φ(x) = (1 + erf(x/√2))/2, the normal cdf that gelu multiplies by

@@ -11,8 +11,8 @@ interval Φ(-H·(j + s)) is a polynomial of degree 4 in s, fitted by least
 squares weighted towards minimax absolute error (Lawson's iteration), its
 coefficients rounded to f32. Entry j of each 32-entry row is interval j's
 coefficient (vpermt2ps indexes two registers of 16 lanes by the low 5 bits
-of u + 1.5·2^23, which are j). Interval 31 (|x| >= 30.5·H = 5.48, where Φ
-is within 2.1e-8 of 0 or 1) is the constant 0, so gelu(x) is -0 and x
+of u + 1.5·2^23, which are j). Interval 31 (|x| > 30.5·H = 5.4805, where
+Φ is within 2.1e-8 of 0 or 1) is the constant 0, so gelu(x) is -0 and x
 there, as torch's f32 formula gives them beyond 5.5437.
 
 The check evaluates the table as the kernel does (f32 products, FMAs

@@ -324,8 +324,9 @@ static const float phi_tab[5][32] = {
  * [-1/2, 1/2] is one vreduceps (exact; u - roundeven(u) without AVX512DQ)
  * and j is the low 5 bits of u + 1.5·2^23; each coefficient is one
  * vpermt2ps from two registers of 16 lanes (a row of phi_tab); the
- * polynomial in s runs in Horner's order. Interval 31 (|x| >= 5.48, where
- * Φ is within 2.1e-8 of 0 or 1) is 0, so gelu(x) is x and -0 there as
+ * polynomial in s runs in Horner's order. Interval 31 (|x| > 30.5·H =
+ * 5.4805, where Φ is within 2.1e-8 of 0 or 1) is 0, so gelu(x) is x and -0
+ * there as
  * torch's is beyond 5.5437; +inf gives +inf, -inf NaN (-inf·0, as torch)
  * and NaN NaN (the clamp keeps it, and x > 0 is false). Error: 6.19e-8
  * absolute (Φ's f32 ulp just below 1 is 6e-8); compiler/fit_phi.py fits
@@ -334,7 +335,7 @@ static const float phi_tab[5][32] = {
  * [-5.54, 5.54], degree 5 in Estrin's order) took 7 multiplies and FMAs
  * and 6 permutes, with 1.02e-7; this takes 5 and 5, and three operations
  * off the FMA pipes (the abs, the clamp and 1 - q). The rational below
- * takes 14 operations on the FMA pipes and a division. It stays
+ * takes 12 multiplies and FMAs and a division for Φ. It stays
  * compute-bound: on Zen 5 the permutes issue on the FMA pipes (measured:
  * 8 FMAs and 8 vpermt2ps take as long as 16 FMAs). */
 static LLVMValueRef phi_f32_avx512(gen_t *g, LLVMValueRef x, int w)

@@ -8,7 +8,8 @@ The line also has kiln.backend.stats(), which graphs came from torch's
 AOTAutograd cache (aot), Dynamo's AOTAutograd counters (aot_counters), the
 graphs Dynamo traced, the KilnWarnings when KILN_CHILD_WARNINGS=1 (else
 one is an error), and the kernels OpenBLAS ran (blas). KILN_CHILD_SAVE_PRECOMPILE=1: save torch's precompile
-cache at the end (torch.compiler.save_cache_artifacts).
+cache at the end (torch.compiler.save_cache_artifacts); KILN_CHILD_TORCH_PICKLING=1:
+save Dynamo's DefaultsSource as torch 2.11 does without kiln's mend.
 """
 import json
 import os
@@ -55,6 +56,12 @@ def model(name):
 
 
 def main():
+    if os.environ.get("KILN_CHILD_TORCH_PICKLING") == "1":
+        # save as torch 2.11 does without kiln's mend: every field
+        import dataclasses
+        from torch._dynamo import source as S
+        S.DefaultsSource.__reduce__ = lambda self: (
+            type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
     _, what, name, *rest = sys.argv
     backend = rest[0] if rest else "kiln"
     torch.set_num_threads(1)

@@ -145,7 +145,8 @@ def test_torch_precompile_loads_guards_on_keyword_defaults(daemons, tmp_path):
     # torch 2.11 pickles a DefaultsSource with its derived fields and cannot
     # load it back (TypeError: DefaultsSource.__init__() takes from 3 to 4
     # positional arguments but 6 were given): kiln mends that on import
-    # (backend._mend_source_pickling), so the second process loads the entry
+    # (backend._mend_source_pickling), so the second process loads the entry,
+    # and so does one that loads an entry saved without the mend
     d = daemons.start("prekw")
     daemons.use(d)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch"), "TORCH_CACHING_PRECOMPILE": "1"}
@@ -154,9 +155,16 @@ def test_torch_precompile_loads_guards_on_keyword_defaults(daemons, tmp_path):
     second = _child("train", "kwdefaults", env=env)
     assert second["dynamo_graphs"] == 0 and second["sources"] == ["memory", "memory"], second
     assert second["losses"] == first["losses"]
+    # an entry saved the way torch does without the mend loads as well
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "torch-unmended")
+    _child("train", "kwdefaults",
+           env=dict(env, KILN_CHILD_SAVE_PRECOMPILE="1", KILN_CHILD_TORCH_PICKLING="1"))
+    third = _child("train", "kwdefaults", env=env)
+    assert third["dynamo_graphs"] == 0 and third["losses"] == first["losses"], third
 
 
 def test_dynamo_guard_sources_survive_a_pickle_round_trip_once_kiln_is_imported():
+    import dataclasses
     import pickle
 
     import kiln.backend as kb
@@ -165,6 +173,9 @@ def test_dynamo_guard_sources_survive_a_pickle_round_trip_once_kiln_is_imported(
               S.DefaultsSource(S.GlobalSource("g"), "k", is_kw=True)):
         t = pickle.loads(pickle.dumps(s))
         assert t == s and t._name == s._name and t.field == s.field
+        # what torch 2.11 pickles without the mend (every field): loads too
+        every = tuple(getattr(s, f.name) for f in dataclasses.fields(s))
+        assert len(every) > 3 and type(s)(*every) == s
     assert kb._mend_source_pickling() is False  # nothing is left to mend
 
 

@@ -766,59 +766,54 @@ _register()
 
 
 def _mend_source_pickling():
-    """Makes Dynamo's guard sources survive a pickle round trip where this
-    torch's do not, so that torch's precompile (TORCH_CACHING_PRECOMPILE=1)
+    """Makes Dynamo's DefaultsSource survive a pickle round trip where this
+    torch's does not, so that torch's precompile (TORCH_CACHING_PRECOMPILE=1)
     can load what it saved. torch 2.11's Source.__reduce__ (torch/_guards.py,
     dataclass_with_cached_hash) pickles every dataclass field, the init=False
     ones too, and unpickling passes them all to the constructor:
     DefaultsSource (a guard on a function's default argument, as in Hugging
     Face BERT's forward) then fails to load with "DefaultsSource.__init__()
     takes from 3 to 4 positional arguments but 6 were given", and so does
-    torch.compile() of the whole model, whatever the backend. For each Source
-    class with init=False fields whose round trip fails, __reduce__ is
-    replaced by one that pickles the constructor's fields only (__post_init__
-    derives the others again). A torch that pickles them right is left as it
-    is; True when something was mended."""
+    torch.compile() of the whole model, whatever the backend. It is the only
+    Source with init=False fields in torch 2.11. When a round trip of one
+    fails, its __reduce__ pickles the constructor's fields only
+    (__post_init__ derives the others again), and its constructor also takes
+    every field, as entries saved without this mend (by another process, or
+    with Inductor) hold them, and drops the derived ones. A torch that
+    pickles it right is left as it is; True when something was mended."""
     try:
         import dataclasses
+        import functools
         import pickle
 
         from torch._dynamo import source as S
-        from torch._guards import Source
-    except Exception:  # a torch without these: nothing to mend
+        cls = S.DefaultsSource
+        fields = dataclasses.fields(cls)
+        if all(f.init for f in fields):
+            return False
+        pickle.loads(pickle.dumps(cls(S.LocalSource("kiln"), 0)))
+        return False  # it pickles right
+    except TypeError:
+        pass
+    except Exception as e:  # a torch without these, or another failure: left as it is
+        log.info("kiln: Dynamo's DefaultsSource pickling not checked: %s: %s",
+                 type(e).__name__, e)
         return False
 
     def reduce_init_fields(self):
-        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)
-                                  if f.init))
+        return (type(self), tuple(getattr(self, f.name) for f in fields if f.init))
 
-    def probe(cls):  # an instance to round-trip, where one is known how to make
-        if cls is getattr(S, "DefaultsSource", None):
-            return cls(S.LocalSource("kiln"), 0)
-        return None
+    old_init = cls.__init__
 
-    mended = False
-    seen, todo = set(), [Source]
-    while todo:
-        cls = todo.pop()
-        for sub in cls.__subclasses__():
-            if sub not in seen:
-                seen.add(sub)
-                todo.append(sub)
-        if not dataclasses.is_dataclass(cls) or all(f.init for f in dataclasses.fields(cls)):
-            continue
-        try:
-            obj = probe(cls)
-            if obj is None:
-                continue
-            pickle.loads(pickle.dumps(obj))
-        except TypeError:
-            cls.__reduce__ = reduce_init_fields
-            mended = True
-        except Exception as e:  # anything else: leave torch as it is
-            log.info("kiln: %s's pickling not checked: %s: %s", cls.__name__,
-                     type(e).__name__, e)
-    return mended
+    @functools.wraps(old_init)
+    def init_all_fields(self, *args, **kwargs):
+        if len(args) == len(fields) and not kwargs:  # every field, the derived ones too
+            args = tuple(a for a, f in zip(args, fields) if f.init)
+        old_init(self, *args, **kwargs)
+
+    cls.__reduce__ = reduce_init_fields
+    cls.__init__ = init_all_fields
+    return True
 
 
 _mend_source_pickling()

@@ -5618,9 +5618,10 @@ static kiln_compiler_t *host_compiler_without(const char *need,
  * (1 + erf(x/√2)) / 2 in f64: within 3e-7·|x| (Φ: 6.19e-8 measured for
  * the table, 1.98e-7 for the rational over every f32 in [-12, 12]);
  * exactly x beyond 5.5437 and -0 below -5.5437 (where torch's f32 formula
- * gives those), +inf at +inf, NaN at -inf (-inf·0, as torch) and NaN. The
- * 37 columns put values at every lane of the 16-lane body and the scalar
- * rest. Run by the host's compiler, by one without AVX512DQ (the table's
+ * gives those), +inf at +inf, NaN at -inf (-inf·0, as torch) and NaN, -0
+ * at -0, and ±5.49 (the table's zero interval, below 5.5437) within the
+ * tolerance. The 37 columns put values at every lane of the 16-lane body
+ * and the scalar rest. Run by the host's compiler, by one without AVX512DQ (the table's
  * s = u - round(u) without vreduceps) and by an AVX2 one (the rational
  * on 8 lanes). */
 static void expect_gelu_phi(kiln_compiler_t *kc, const char *what, bool table,
@@ -5635,10 +5636,11 @@ static void expect_gelu_phi(kiln_compiler_t *kc, const char *what, bool table,
 	cr_expect_eq(raw_ir_has(kc, &ir, what, "reduce.ps"), reduce,
 		     "%s: vreduceps %s", what,
 		     reduce ? "is not used" : "is used");
-	enum { N = 2048, C = 37, E = 8 };
+	enum { N = 2048, C = 37, E = 11 };
 	static float x[N * C];
-	static const float edges[E] = {INFINITY, -INFINITY, NAN,     5.5437f,
-				       5.6f,	 -5.6f,	    -100.0f, 1e30f};
+	static const float edges[E] = {INFINITY, -INFINITY, NAN,   -0.0f,
+				       5.5437f,	 5.6f,	    -5.6f, -100.0f,
+				       1e30f,	 5.49f,	    -5.49f};
 	for (int i = 0; i < N * C; i++)
 		x[i] = i < E ? edges[i]
 			     : (float)(-12.0 + 24.0 * (double)i / (N * C - 1));
@@ -5648,6 +5650,8 @@ static void expect_gelu_phi(kiln_compiler_t *kc, const char *what, bool table,
 	cr_expect(isinf(y[0]) && y[0] > 0, "%s: gelu(inf) = %g", what, y[0]);
 	cr_expect(isnan(y[1]), "%s: gelu(-inf) = %g, not NaN", what, y[1]);
 	cr_expect(isnan(y[2]), "%s: gelu(nan) = %g", what, y[2]);
+	cr_expect(y[3] == 0 && signbit(y[3]), "%s: gelu(-0) = %g, not -0", what,
+		  y[3]);
 	int bad = 0;
 	for (int i = 3; i < N * C && bad < 5; i++) {
 		double v = x[i], want = v * 0.5 * (1 + erf(v / sqrt(2.0)));

@@ -5621,9 +5621,9 @@ static kiln_compiler_t *host_compiler_without(const char *need,
  * gives those), +inf at +inf, NaN at -inf (-inf·0, as torch) and NaN, -0
  * at -0, and ±5.49 (the table's zero interval, below 5.5437) within the
  * tolerance. The 37 columns put values at every lane of the 16-lane body
- * and the scalar rest. Run by the host's compiler, by one without AVX512DQ (the table's
- * s = u - round(u) without vreduceps) and by an AVX2 one (the rational
- * on 8 lanes). */
+ * and the scalar rest. Run by the host's compiler, by one without
+ * AVX512DQ (the table's s = u - round(u) without vreduceps) and by an AVX2
+ * one (the rational on 8 lanes). */
 static void expect_gelu_phi(kiln_compiler_t *kc, const char *what, bool table,
 			    bool reduce)
 {

@@ -6,7 +6,8 @@ $XDG_CACHE_HOME/kiln) on a private socket, then compiles two real models --
 torchvision's ResNet-18 (inference) and a Hugging Face GPT-2 (small config,
 random weights; a training step) -- three ways in one process: eager,
 torch.compile's default backend (Inductor) and torch.compile(backend="kiln"),
-and prints each one's compile time (the first call) and step time. kiln's
+and prints each one's compile time (the first call) and step time (each on
+its own copy of the model, the steps in rounds that take turns). kiln's
 graphs go through the daemon; the line "kiln graphs" says where each came
 from: "compiled" the first time, "disk" (kilnd's store) when the demo runs
 again, and nothing is compiled twice.
@@ -87,24 +88,58 @@ def gpt2():
     return "GPT-2 (Hugging Face, 2 layers, d=128), training step, batch 4x32", w, step
 
 
-def measure(step, f, n):
-    t0 = time.perf_counter()
-    step(f)  # the first call: Dynamo + AOTAutograd + the backend's compile
-    first = time.perf_counter() - t0
-    for _ in range(3):
-        step(f)
-    times = []
-    for _ in range(n):
+def measure(make, rounds=6, per_round=5):
+    """Each way on its own copy of the model (make() builds one: same seed,
+    same weights, its own optimizer): the first call of each (Dynamo,
+    AOTAutograd and the backend's compile; nothing for eager), 3 warm-up
+    steps each, then `rounds` rounds in which each runs `per_round` steps in
+    turn, the order rotating, so that a change of the machine's load (other
+    jobs on these cores) hits all three alike. Prints the model's title;
+    returns per way (first call s, median step s, the way's stats)."""
+    import torch
+    import kiln
+    import kiln.backend as kb
+    from torch._dynamo.utils import counters
+    ways, out = {}, {}
+    for name in ("eager", "Inductor", "kiln"):
+        title, model, step = make()
+        stats = {}
+        if name == "eager":
+            print(f"== {title}", flush=True)
+            f = model
+        elif name == "Inductor":
+            hit0 = counters["inductor"]["fxgraph_cache_hit"]
+            miss0 = counters["inductor"]["fxgraph_cache_miss"]
+            f = torch.compile(model)
+        else:
+            kb.reset()
+            f = kiln.compile(model)
         t0 = time.perf_counter()
         step(f)
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times)
+        first = time.perf_counter() - t0
+        if name == "Inductor":
+            stats = {"hit": counters["inductor"]["fxgraph_cache_hit"] - hit0,
+                     "miss": counters["inductor"]["fxgraph_cache_miss"] - miss0}
+        elif name == "kiln":
+            stats = {"records": kb.records()}
+        ways[name] = (step, f)
+        out[name] = [first, [], stats]
+    for step, f in ways.values():
+        for _ in range(3):
+            step(f)
+    names = list(ways)
+    for r in range(rounds):
+        for name in names[r % 3:] + names[:r % 3]:
+            step, f = ways[name]
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                step(f)
+                out[name][1].append(time.perf_counter() - t0)
+    return {n: (v[0], statistics.median(v[1]), v[2]) for n, v in out.items()}
 
 
 def main():
     import torch
-    import kiln
-    import kiln.backend as kb
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as d:
         sock = os.path.join(d, "kilnd.sock")
@@ -118,29 +153,21 @@ def main():
         print(f"  fingerprint \"{hello['fingerprint']}\"\n")
         try:
             for make in (resnet18, gpt2):
-                title, model, step = make()
-                print(f"== {title}")
-                _, eager = measure(step, model, 20)
-                torch._dynamo.reset()
-                from torch._dynamo.utils import counters
-                hit0 = counters["inductor"]["fxgraph_cache_hit"]
-                miss0 = counters["inductor"]["fxgraph_cache_miss"]
-                ind_first, ind = measure(step, torch.compile(model), 20)
-                ind_hit = counters["inductor"]["fxgraph_cache_hit"] - hit0
-                ind_miss = counters["inductor"]["fxgraph_cache_miss"] - miss0
-                torch._dynamo.reset()
-                kb.reset()
-                k_first, k = measure(step, kiln.compile(model), 20)
-                srcs = [r["source"] for r in kb.records()]
-                kernels = sum(len(r["kernels"]) for r in kb.records())
-                fallback_ops = sum(len(r["fallback_ops"]) for r in kb.records())
-                print(f"   {'':10} {'first call (compile)':>22} {'step':>10}")
+                res = measure(make)
+                (_, eager, _), (ind_first, ind, ist), (k_first, k, kst) = (
+                    res["eager"], res["Inductor"], res["kiln"])
+                recs = kst["records"]
+                srcs = [r["source"] for r in recs]
+                kernels = sum(len(r["kernels"]) for r in recs)
+                fallback_ops = sum(len(r["fallback_ops"]) for r in recs)
+                print(f"   {'':10} {'first call (compile)':>22} {'step':>10}  "
+                      "(median of 30, in rounds that take turns)")
                 print(f"   {'eager':10} {'-':>22} {eager * 1e3:8.2f} ms")
                 print(f"   {'Inductor':10} {ind_first:20.2f} s {ind * 1e3:8.2f} ms")
                 print(f"   {'kiln':10} {k_first:20.2f} s {k * 1e3:8.2f} ms")
                 print(f"   kiln graphs: {', '.join(srcs)}  ({kernels} fused kernels, "
                       f"{fallback_ops} ops through torch)")
-                print(f"   Inductor graphs: {ind_miss} compiled, {ind_hit} from its "
+                print(f"   Inductor graphs: {ist['miss']} compiled, {ist['hit']} from its "
                       "FX-graph cache")
                 r = ind_first / k_first
                 than = (f"{r:.1f}x faster than" if r >= 1.05 else

@@ -18,7 +18,8 @@
  * before the first step runs.
  *
  * Invariants: a module and its artifact are immutable after load; the free
- * list and nothing else is guarded by m->mu; counters are relaxed atomics.
+ * list and nothing else is guarded by m->mu; counters are relaxed atomics;
+ * kiln's dlopen and dlclose calls take dl_mu.
  */
 #include "clients/libkiln/kiln.h"
 
@@ -252,6 +253,17 @@ int64_t kiln_nt_min_bytes(void)
 	return nt_bad[0] != '\0' ? -1 : nt_min;
 }
 
+/* kiln's dlopen and dlclose calls, one at a time. glibc's loader orders
+ * them anyway (its own dl_load_lock), but ThreadSanitizer does not see that
+ * lock: when one thread's NOLOAD probe took a reference to another thread's
+ * module and dropped it after that module was freed, the dlclose freed
+ * what the other thread's dlopen had allocated, and ThreadSanitizer
+ * reported a data race (concurrent_compile under build-tsan, once in CI; a
+ * two-thread loop of dlopen and NOLOAD probes of one library reproduces it
+ * every time, and this lock silences it). Loads are rare and the loader
+ * serializes them already, so the lock costs nothing. */
+static pthread_mutex_t dl_mu = PTHREAD_MUTEX_INITIALIZER;
+
 /* memfd + dlopen + dlsym of every kernel into m->dl / m->fns. */
 static int load_code(kiln_module_t *m, char *err, size_t errlen)
 {
@@ -274,6 +286,7 @@ static int load_code(kiln_module_t *m, char *err, size_t errlen)
 				  strerror(-rc));
 	}
 	char path[64];
+	pthread_mutex_lock(&dl_mu);
 	for (int probe = 0;; probe++) {
 		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 		void *old = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
@@ -284,6 +297,7 @@ static int load_code(kiln_module_t *m, char *err, size_t errlen)
 			      ? fcntl(fd, F_DUPFD_CLOEXEC, fd + 1)
 			      : -1;
 		if (fd2 < 0) {
+			pthread_mutex_unlock(&dl_mu);
 			close(fd);
 			return kiln__errf(err, errlen, -EMFILE,
 					  "no free /proc/self/fd path to "
@@ -293,9 +307,10 @@ static int load_code(kiln_module_t *m, char *err, size_t errlen)
 		fd = fd2;
 	}
 	m->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	const char *why = m->dl == NULL ? dlerror() : NULL;
+	pthread_mutex_unlock(&dl_mu);
 	close(fd);
 	if (m->dl == NULL) {
-		const char *why = dlerror();
 		return kiln__errf(err, errlen, KILN_EINVGRAPH,
 				  "code object: dlopen failed: %s",
 				  why != NULL ? why : "unknown error");
@@ -407,8 +422,11 @@ void kiln_module_free(kiln_module_t *m)
 {
 	if (m == NULL)
 		return;
-	if (m->dl != NULL)
+	if (m->dl != NULL) {
+		pthread_mutex_lock(&dl_mu);
 		dlclose(m->dl);
+		pthread_mutex_unlock(&dl_mu);
+	}
 	exec_t *x = m->free_list;
 	while (x != NULL) {
 		exec_t *next = x->next;

@@ -1,7 +1,12 @@
 /*
  * concurrent_compile.c — two threads compile different corpus graphs at the
  * same time, each with its own compiler (LLVMContext, TargetMachine), then
- * load and run the artifacts and check them against torch's outputs.
+ * load and run the artifacts and check them against torch's outputs. Then
+ * both load and free their artifacts LOADS times at once: their memfds take
+ * each other's fd numbers, so one thread's NOLOAD probe (runtime.c
+ * load_code) finds the other's live module as the other loads and frees
+ * (a race ThreadSanitizer reported inside glibc's loader, where kiln had
+ * no lock of its own around its dlopen and dlclose calls).
  *
  * A plain program (no Criterion) so that it also runs under ThreadSanitizer
  * (-Db_sanitize=thread) and Helgrind, which Criterion's process model does
@@ -11,6 +16,7 @@
  */
 #include "clients/libkiln/kiln.h"
 #include "compiler/compiler.h"
+#include "protocol/protocol.h"
 #include "tests/common/testdata.h"
 
 #include <pthread.h>
@@ -22,6 +28,47 @@ typedef struct job {
 	int rounds, failures;
 	char msg[1024];
 } job_t;
+
+enum { LOADS = 2000 };
+static pthread_barrier_t loads_start;
+
+/* Compiles g once more and loads and frees the artifact LOADS times, from
+ * its bytes, once every thread is ready to. */
+static int load_loop(kiln_compiler_t *kc, const kiln_graph_t *g, char *msg,
+		     size_t msglen)
+{
+	char err[1024] = "";
+	kiln_compile_opts_t opts;
+	memset(&opts, 0, sizeof(opts));
+	kiln_artifact_t *a = NULL;
+	msgpack_sbuffer sb;
+	msgpack_sbuffer_init(&sb);
+	int bad = 0;
+	if (kiln_compile(kc, g, &opts, &a, NULL, err, sizeof(err)) != 0) {
+		snprintf(msg, msglen, "compile: %s", err);
+		bad = 1;
+	} else {
+		msgpack_packer pk;
+		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+		if (kiln_artifact_pack(a, &pk) != 0) {
+			snprintf(msg, msglen, "packing the artifact failed");
+			bad = 1;
+		}
+		kiln_artifact_free(a);
+	}
+	pthread_barrier_wait(&loads_start);
+	for (int i = 0; !bad && i < LOADS; i++) {
+		kiln_module_t *m = NULL;
+		if (kiln_module_load((const uint8_t *)sb.data, sb.size, NULL,
+				     &m, err, sizeof(err)) != 0) {
+			snprintf(msg, msglen, "load %d: %s", i, err);
+			bad = 1;
+		}
+		kiln_module_free(m);
+	}
+	msgpack_sbuffer_destroy(&sb);
+	return bad;
+}
 
 static int run_once(kiln_compiler_t *kc, const kiln_graph_t *g,
 		    kiln_td_io_t *io, char *msg, size_t msglen)
@@ -112,6 +159,10 @@ static void *worker(void *arg)
 			j->failures +=
 			    run_once(kc, g, &io, j->msg, sizeof(j->msg));
 	}
+	if (g != NULL && kc != NULL)
+		j->failures += load_loop(kc, g, j->msg, sizeof(j->msg));
+	else
+		pthread_barrier_wait(&loads_start);
 	kiln_td_io_free(&io);
 	kiln_graph_free(g);
 	kiln_compiler_free(kc);
@@ -125,6 +176,8 @@ int main(int argc, char **argv)
 	static const char *names[2] = {"transformer_layer_fwd", "mlp_bwd"};
 	job_t jobs[2];
 	pthread_t th[2];
+	if (pthread_barrier_init(&loads_start, NULL, 2) != 0)
+		return 2;
 	for (int i = 0; i < 2; i++) {
 		memset(&jobs[i], 0, sizeof(jobs[i]));
 		snprintf(jobs[i].graph, sizeof(jobs[i].graph),
@@ -138,10 +191,11 @@ int main(int argc, char **argv)
 	int bad = 0;
 	for (int i = 0; i < 2; i++) {
 		pthread_join(th[i], NULL);
-		printf("%s: %d rounds, %d failures%s%s\n", names[i], rounds,
-		       jobs[i].failures, jobs[i].failures ? ": " : "",
-		       jobs[i].msg);
+		printf("%s: %d rounds and %d loads, %d failures%s%s\n",
+		       names[i], rounds, LOADS, jobs[i].failures,
+		       jobs[i].failures ? ": " : "", jobs[i].msg);
 		bad |= jobs[i].failures != 0;
 	}
+	pthread_barrier_destroy(&loads_start);
 	return bad;
 }

@@ -791,12 +791,18 @@ def _mend_source_pickling():
         fields = dataclasses.fields(cls)
         if all(f.init for f in fields):
             return False
-        pickle.loads(pickle.dumps(cls(S.LocalSource("kiln"), 0)))
+        saved = pickle.dumps(cls(S.LocalSource("kiln"), 0))
+    except Exception as e:  # a torch without these, or another shape: left as it is
+        log.info("kiln: Dynamo's DefaultsSource pickling not checked: %s: %s",
+                 type(e).__name__, e)
+        return False
+    try:  # only the load's TypeError is the bug mended here
+        pickle.loads(saved)
         return False  # it pickles right
     except TypeError:
         pass
-    except Exception as e:  # a torch without these, or another failure: left as it is
-        log.info("kiln: Dynamo's DefaultsSource pickling not checked: %s: %s",
+    except Exception as e:
+        log.info("kiln: Dynamo's DefaultsSource pickling not mended: %s: %s",
                  type(e).__name__, e)
         return False
 

@@ -56,6 +56,11 @@ typedef struct gen {
 	 * and whether the current pass prefetches the next row */
 	int pf_var;
 	bool pf_on;
+	/* wavefront row kernels over one static reduced dim: pass p walks
+	 * its row from column p·rot_step (mod rot_cols) of var rot_var (-1:
+	 * no rotation; codegen.c gen_kernel_body) */
+	int rot_var;
+	int64_t rot_step, rot_cols;
 	/* per-row scratch buffers (row-local members): cbuf → alloca */
 	uint32_t n_scratch;
 	uint32_t scratch_buf[16];

@@ -516,7 +516,8 @@ static bool heavy_rec(const sx_t *e, int depth, int *loads)
 		default: break;
 		}
 	}
-	if (e->kind == SX_BIN && (e->op == OP_POW || e->op == OP_ATAN2))
+	if (e->kind == SX_BIN &&
+	    (e->op == OP_POW || e->op == OP_ATAN2 || e->op == OP_EXPSUB))
 		return true;
 	return heavy_rec(e->a, depth + 1, loads) ||
 	       heavy_rec(e->b, depth + 1, loads) ||

@@ -21,6 +21,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -5385,6 +5386,83 @@ Test(codegen, row_kernels_run_their_first_pass_a_row_ahead)
 	kiln_compiler_free(kc);
 }
 
+/* A wavefront over rows of 2^k >= 1024 f32 (codegen.c gen_kernel_body)
+ * walks pass p of each row from column p·C/n and wraps, so that its passes'
+ * accesses are not 4096 bytes apart. softmax and log_softmax over [R,
+ * 1024] and [R, 2048], R = 1 to 5, 37 and 300 (ranges shorter than, as long as
+ * and longer than the three passes, where rows run in the ramps or the
+ * wavefront's loop): against the interpreter on three threads, and the
+ * same bits on one thread as on three (a row's sums do not depend on
+ * which loop ran it). The IR before O3 has the wrap (an and with C - 1)
+ * for rows of 1024 and not for rows of 1000. */
+Test(codegen, wavefront_rows_of_4k_rotate_their_passes)
+{
+	kiln_compiler_t *kc = new_compiler();
+	bool avx = __builtin_cpu_supports("avx512f");
+	gb_t b;
+	softmax_graph(&b, 8, 1024, 1);
+	cr_expect_eq(raw_ir_has(kc, &b, "softmax", "and i64 %"), avx,
+		     "softmax over [8, 1024]: the wrap in the IR");
+	softmax_graph(&b, 8, 1000, 1);
+	cr_expect(!raw_ir_has(kc, &b, "softmax", "and i64 %"),
+		  "softmax over [8, 1000] wraps");
+	static const int64_t rows[] = {1, 2, 3, 4, 5, 37, 300};
+	for (int op = 0; op < 2; op++)
+		for (int cc = 0; cc < 2; cc++)
+			for (size_t i = 0; i < sizeof(rows) / sizeof(*rows);
+			     i++) {
+				int64_t R = rows[i], C = cc ? 2048 : 1024;
+				const char *name =
+				    op ? "aten._log_softmax.default"
+				       : "aten._softmax.default";
+				char what[96];
+				snprintf(what, sizeof(what),
+					 "%s over [%lld, %lld]", name,
+					 (long long)R, (long long)C);
+				float *x =
+				    malloc(sizeof(float) * (size_t)(R * C));
+				cr_assert_not_null(x);
+				for (int64_t e = 0; e < R * C; e++)
+					x[e] = (float)(kiln_td_prng_uniform(
+							   11, (uint64_t)e, -6,
+							   6) +
+						       (double)(e % C) / 64.0);
+				float *y[2];
+				for (int pool = 0; pool < 2; pool++) {
+					if (pool == 1)
+						cr_assert_eq(
+						    kiln_pool_new(3,
+								  &match_pool),
+						    0);
+					row_op_graph(&b, name, R, C);
+					y[pool] = run_f32_graph_on(kc, &b, what,
+								   x, R, C);
+					if (pool == 1) {
+						row_op_graph(&b, name, R, C);
+						kiln_graph_t *g =
+						    graph_from_json_like(what,
+									 &b.sb);
+						expect_matches_interp(
+						    kc, g, "default",
+						    (uint64_t)(70 + op), 1e-5,
+						    what);
+						kiln_graph_free(g);
+						msgpack_sbuffer_destroy(&b.sb);
+						kiln_pool_free(match_pool);
+						match_pool = NULL;
+					}
+				}
+				cr_expect(memcmp(y[0], y[1],
+						 sizeof(float) *
+						     (size_t)(R * C)) == 0,
+					  "%s: other bits on 3 threads", what);
+				free(y[0]);
+				free(y[1]);
+				free(x);
+			}
+	kiln_compiler_free(kc);
+}
+
 /* A row kernel with a transcendental in a later pass, at most 8 MiB
  * (softmax, log_softmax) runs its passes as a wavefront (codegen.c
  * gen_row_wave): step s runs pass p on row s - p, all passes in one loop;
@@ -5693,76 +5771,129 @@ Test(codegen, gelu_phi)
 	}
 }
 
-/* softmax's exp(x - max) takes the exp without an overflow end
- * (OP_EXPNP): rows [0, v1, ..., v36] with the v spread over [-87.3, 0]
- * (softmax's row [0, v] is e^v / (1 + ...), so each output carries that
- * exp's error) and rows of edges: -inf and -1000 (0), -87.4 (below the
- * flush), -0.0, a NaN row (all NaN), an all -inf row (NaN, as torch).
- * Against softmax in f64 from the same f32 inputs: within 6 ulp (4.66
- * measured: the exp's error (<= 1.98 ulp; on AVX-512, with its one-step
- * reduction, <= 2.44 on [-20, 0] and 4.73 at worst) plus the sum's, the
- * reciprocal's and the product's roundings; 4.78 with the general exp
- * before), or 0 where the true value is below 2^-126. */
-Test(codegen, softmax_exp_nonpos)
+/* softmax's exp(x - max) (OP_EXPSUB; mathfn.c: in base 2 on 16 AVX-512
+ * lanes, exp_nonpos_f32(x - max) elsewhere). Rows [m, m + v1, ...,
+ * m + v36] with the v spread over [-87.3, 0] (softmax's row [m, m + v] is
+ * e^v / (1 + ...), so each output carries that exp's error), m = 0 (x -
+ * max exact) or 37.25 (x - max rounded, as most rows' are); rows of
+ * edges: -inf and -1000 (0), -87.4 (below the flush), -0.0, a NaN row (all
+ * NaN), an all -inf row (NaN, as torch), a row with +inf (NaN: inf - inf);
+ * rows whose max·log2 e overflows f32 (FLT_MAX, 3e38, -3e38, where only
+ * the elements equal to the max count) or nearly does (2.3e38), and rows
+ * whose max is 1e6, 1.5e9 or 3e9 (the three ways mathfn.c takes b·log2 e).
+ * Against softmax in f64 from the same f32 inputs: within 6 + 1.25·|x -
+ * max| ulp, or 0 where the true value is below 2^-126. The base-2 form
+ * rounds t = x·log2 e - max·log2 e once (ln 2·ulp(t)/2 relative: up to
+ * |x - max| ulp) and log2 e's f32 rounding adds |x - max|·1.3e-8 (up to
+ * 0.22·|x - max| ulp); measured: 62 ulp at x - max = -86 with max 0
+ * (where x - max is exact and the exp of it had <= 4.73), 53 at -44.4
+ * with max 37.25. Run by the host's compiler, by one without AVX512DQ (f
+ * = t - floor(t) without vreduceps) and by an AVX2 one (the exp of x -
+ * max). */
+static void expect_softmax_exp(kiln_compiler_t *kc, const char *what)
 {
-	enum { N = 520, C = 37 };
+	enum { N = 1048, C = 37, HALF = (N - 16) / 2 };
 	static float x[N * C];
-	for (int r = 0; r < N - 8; r++) {
-		x[r * C] = 0.0f;
+	for (int r = 0; r < N - 16; r++) {
+		float m = r < HALF ? 0.0f : 37.25f;
+		int rr = r % HALF;
+		x[r * C] = m;
 		for (int c = 1; c < C; c++)
 			x[r * C + c] =
-			    (float)(-87.3 * (double)(r * (C - 1) + c - 1) /
-				    ((N - 8) * (C - 1) - 1));
+			    m + (float)(-87.3 * (double)(rr * (C - 1) + c - 1) /
+					(HALF * (C - 1) - 1));
 	}
 	static const float edges[] = {-INFINITY, -1000.0f, -87.4f, -0.0f,
 				      -1e-30f,	 -88.0f,   -1.5f};
-	for (int r = N - 8; r < N; r++)
+	for (int r = N - 16; r < N - 12; r++)
 		for (int c = 0; c < C; c++)
 			x[r * C + c] = c == 0 ? 0.0f : edges[(r + c) % 7];
-	x[(N - 2) * C + 5] = NAN;
+	x[(N - 14) * C + 5] = NAN;
 	for (int c = 0; c < C; c++)
-		x[(N - 1) * C + c] = -INFINITY;
+		x[(N - 13) * C + c] = -INFINITY;
+	/* max·log2 e beyond FLT_MAX, and just below */
+	static const float big[][4] = {{FLT_MAX, 1e38f, -FLT_MAX, FLT_MAX},
+				       {3e38f, -INFINITY, 0.0f, 2e38f},
+				       {-3e38f, -FLT_MAX, -INFINITY, -3e38f},
+				       {2.3e38f, 2.2e38f, 2.3e38f, 1.0f},
+				       {-2.3e38f, -2.3e38f, -3e38f, -1e30f},
+				       {INFINITY, 0.0f, -1.0f, 1e30f},
+				       {1e30f, 1e30f, -1e30f, 5.0f},
+				       {-1e-30f, -87.0f, -INFINITY, 0.0f}};
+	static const float mid[][4] = {
+	    {1e6f, 1e6f - 0.0625f, 1e6f - 30.0f, 1e6f - 1.0f},
+	    {1.5e9f, 1.5e9f - 128.0f, 1.5e9f, -1.5e9f},
+	    {-3e9f, -3e9f - 256.0f, -3e9f, -3.5e9f},
+	    {-1e6f, -1e6f - 20.0f, -1e6f - 0.5f, -1e6f - 60.0f}};
+	for (int r = N - 12; r < N - 8; r++)
+		for (int c = 0; c < C; c++)
+			x[r * C + c] = mid[r - (N - 12)][c % 4];
+	for (int r = N - 8; r < N; r++)
+		for (int c = 0; c < C; c++)
+			x[r * C + c] = big[r - (N - 8)][c % 4];
 	gb_t b;
 	softmax_graph(&b, N, C, 1);
-	float *y = run_f32_graph(&b, "softmax", x, N, C);
+	float *y = run_f32_graph_on(kc, &b, what, x, N, C);
 	double worst = 0, wwant = 0;
-	float wx = 0, wgot = 0;
+	float wx = 0, wgot = 0, wm = 0;
 	for (int r = 0; r < N; r++) {
 		double mx = -INFINITY, sum = 0;
 		bool nan = false;
 		for (int c = 0; c < C; c++) {
-			nan |= isnan(x[r * C + c]);
+			nan |= isnan(x[r * C + c]) || x[r * C + c] == INFINITY;
 			mx = fmax(mx, x[r * C + c]);
 		}
 		for (int c = 0; c < C; c++)
 			sum += exp((double)x[r * C + c] - mx);
 		for (int c = 0; c < C; c++) {
 			float got = y[r * C + c];
-			if (nan || r == N - 1) {
-				cr_expect(isnan(got), "row %d: %g, not NaN", r,
-					  got);
+			if (nan || r == N - 13) {
+				cr_expect(isnan(got), "%s row %d: %g, not NaN",
+					  what, r, got);
 				continue;
 			}
 			double want = exp((double)x[r * C + c] - mx) / sum;
 			if (want < 0x1p-126) {
 				cr_expect(got == 0.0f ||
 					      fabs(got - want) <= 0x1p-140,
-					  "softmax(%g) = %g, not 0 or %g",
-					  x[r * C + c], got, want);
+					  "%s: softmax(%g) = %g, not 0 or %g",
+					  what, x[r * C + c], got, want);
 				continue;
 			}
-			double e = ulps_f32(got, want);
+			double e =
+			    ulps_f32(got, want) /
+			    (6.0 + 1.25 * fabs((double)x[r * C + c] - mx));
 			if (e > worst) {
 				worst = e;
 				wx = x[r * C + c];
+				wm = (float)mx;
 				wgot = got;
 				wwant = want;
 			}
 		}
 	}
-	cr_expect(worst <= 6.0, "softmax(%.9g) = %.9g, %.2f ulp from %.9g", wx,
-		  wgot, worst, wwant);
+	cr_expect(worst <= 1.0,
+		  "%s: softmax(%.9g) (max %.9g) = %.9g, %.2f of the bound from "
+		  "%.9g",
+		  what, wx, wm, wgot, worst, wwant);
 	free(y);
+}
+
+Test(codegen, softmax_exp)
+{
+	kiln_compiler_t *kc = new_compiler();
+	expect_softmax_exp(kc, "softmax (host)");
+	kiln_compiler_free(kc);
+	kc = host_compiler_without("+avx512f", "+avx512dq");
+	if (kc != NULL) {
+		expect_softmax_exp(kc, "softmax (AVX-512 without DQ)");
+		kiln_compiler_free(kc);
+	}
+	kc = host_compiler_without("+avx2", "+avx512*");
+	if (kc != NULL) {
+		expect_softmax_exp(kc, "softmax (AVX2)");
+		kiln_compiler_free(kc);
+	}
 }
 
 Test(invalid, add_shape_mismatch)

@@ -11,10 +11,11 @@
  * 3.6e-7 relative (see erf_f32); Φ, the normal cdf gelu uses, is the same
  * rational (phi_f32), or on 16 AVX-512 lanes a table of polynomials
  * (phi_f32_avx512, 6.19e-8 absolute). OP_EXPNP is the exp without an overflow
- * end, for arguments the lowering knows are <= 0 (exp_nonpos_f32). On AVX-512,
- * exp (and what is built on it) scales by 2^n with vscalefps (exp_f32_avx512):
- * half the instructions; softmax runs 1.5x faster. f64 and the rare binary
- * functions (pow, atan2) call libm per lane.
+ * end, for arguments the lowering knows are <= 0 (exp_nonpos_f32); OP_EXPSUB
+ * is softmax's exp(x - max), in base 2 on AVX-512 (expsub_f32_avx512). On
+ * AVX-512, exp (and what is built on it) scales by 2^n with vscalefps
+ * (exp_f32_avx512): half the instructions; softmax runs 1.5x faster. f64 and
+ * the rare binary functions (pow, atan2) call libm per lane.
  *
  * The alternative, glibc's libmvec (_ZGVeN16v_expf ...), is selected with
  * KILN_MATH=libmvec for exp/log/sin/cos; compiler/README.md records the

@@ -74,12 +74,9 @@ int low_softmax(cctx_t *c, lnode_t *n)
 	const sx_t *xb = lt_body(c, x);
 	const sx_t *mb = lt_bcast_body(c, m, x->rank, x->sizes);
 	const sx_t *sh = sx_bin(c, OP_SUB, xb, mb);
-	/* x - max <= 0 (or NaN): the exp without an overflow end; softmax's
-	 * own (OP_EXPSUB, mathfn.c) may scale a row by one factor near 1,
-	 * which the division by the row's sum cancels, so log_softmax (whose
-	 * log(sum) would keep it) takes exp(x - max) */
-	const sx_t *ex = n->param == 1 ? sx_un(c, OP_EXPNP, sh)
-				       : sx_bin(c, OP_EXPSUB, xb, mb);
+	/* exp(x - max), x - max <= 0 (or NaN): OP_EXPSUB (mathfn.c), in
+	 * base 2 on AVX-512 where max is one value along the row */
+	const sx_t *ex = sx_bin(c, OP_EXPSUB, xb, mb);
 	lt_t *e = lt_fn(c, acc, x->rank, x->sizes, ex);
 	lt_t *s;
 	if (e == NULL)

@@ -233,17 +233,18 @@ static LLVMValueRef exp2_f32_avx512(gen_t *g, LLVMValueRef t, LLVMValueRef gv,
 		       5);
 }
 
-/* exp(a - b) on 16 AVX-512 lanes (OP_EXPSUB: softmax's exp(x - max), a
- * <= b up to NaN) where b is one value for all lanes (a row's max, whose
- * own work the loop hoists), in base 2 without forming a - b: t = a·L - b·L
- * in one FMA (L = log2 e rounded to f32), f = t - floor(t) ∈ [0, 1) in one
+/* exp(a - b) on 16 AVX-512 lanes (OP_EXPSUB: softmax's and log_softmax's
+ * exp(x - max), attention's exp(s - m) and exp(s - lse); a <= b up to
+ * rounding or NaN) where b is one value for all lanes (a row's, whose own
+ * work the loop hoists), in base 2 without forming a - b: t = a·L - b·L in
+ * one FMA (L = log2 e rounded to f32), f = t - floor(t) ∈ [0, 1) in one
  * vreduceps (exact), 2^f = 1 + f·q(f) with q of degree 4 (minimax relative
  * error on [0, 1]: 9.4e-8 with the coefficients rounded to f32), and
  * vscalefps multiplies by 2^floor(t) (its own floor). 6 FMAs, a vreduceps
  * and a vscalefps a vector, where exp_f32_avx512(a - b) takes a
  * subtraction, a clamp, a multiply, a vrndscaleps, 6 FMAs and a vscalefps:
- * softmax's exp pass is bound by those pipes, and over 256 rows of 1024
- * ran 12% faster (one thread, alternated with the build before).
+ * softmax's exp pass is bound by those pipes; its kernel over rows of 1024
+ * ran 5-8% faster (one thread, compiler/README.md).
  * b·L is rounded to c = -(b·L) before the FMA adds it, so t is off by the
  * residual r = b·L + c (exact in f32, one FMA, up to ulp(b·L)/2) for the
  * whole row: 2^-r multiplies q's coefficients (once a row), so the result
@@ -255,15 +256,14 @@ static LLVMValueRef exp2_f32_avx512(gen_t *g, LLVMValueRef t, LLVMValueRef gv,
  * is a normal f32. Specials: a = -inf gives t = -inf, f = 0 and 0; NaN
  * stays NaN; b = ±inf or NaN give t = NaN or -inf (a - b's NaN or 0).
  * Accuracy: t is rounded once where the exp of the f32 a - b had its own
- * rounding of a - b (exact only for a near b): ln 2·ulp(t)/2 relative, up to
- * |a - b| ulp, plus |a - b|·1.3e-8 from L's rounding; softmax measured
- * within 6 + |x - max| ulp of f64 (codegen::softmax_exp: 62 ulp at -86 for
+ * rounding of a - b (exact only for a near b): ln 2·ulp(t)/2 relative, up
+ * to |a - b| ulp, plus 0.22·|a - b| ulp from L's rounding; softmax within
+ * 6 + 1.25·|x - max| ulp of f64 (codegen::softmax_exp; 62 ulp at -86 on
  * rows whose max is 0, where x - max is exact and exp_f32_avx512 had 4.7;
- * for random rows, max 2.96 ulp for x - max in [-1, 0] against 2.26, 8.99
- * in [-8, -1] against 5.10, 63.7 in [-87.3, -64] against 68.5). A b that is
- * not one value for all lanes (softmax over columns, vectorized across
- * rows) takes exp_f32_avx512(a - b): its per-row work would be per
- * vector. */
+ * on rows of random logits the max error is the same as before, the mean
+ * 1.1-1.6x: compiler/README.md). A b that is not one value for all lanes
+ * (softmax over columns, vectorized across rows) takes exp_f32_avx512(a -
+ * b): its per-row work would be per vector. */
 static LLVMValueRef expsub_f32_avx512(gen_t *g, LLVMValueRef a, LLVMValueRef b,
 				      int w)
 {

@@ -160,11 +160,10 @@ static int attn_fwd(lnode_t *n, const lt_t *q, const lt_t *k, const lt_t *v,
 	if (ms == NULL)
 		return -ENOMEM;
 	const sx_t *sb = lt_body(c, s);
-	/* s - m <= 0 and s - lse <= 0 (up to rounding): OP_EXPNP */
-	lt_t *e = lt_fn(
-	    c, acc, 3, s->sizes,
-	    sx_un(c, OP_EXPNP,
-		  sx_bin(c, OP_SUB, sb, lt_bcast_body(c, ms, 3, s->sizes))));
+	/* s - m <= 0 and s - lse <= 0 (up to rounding): OP_EXPSUB */
+	lt_t *e =
+	    lt_fn(c, acc, 3, s->sizes,
+		  sx_bin(c, OP_EXPSUB, sb, lt_bcast_body(c, ms, 3, s->sizes)));
 	lt_t *sum;
 	if (e == NULL)
 		return -ENOMEM;
@@ -179,7 +178,7 @@ static int attn_fwd(lnode_t *n, const lt_t *q, const lt_t *k, const lt_t *v,
 	/* p = exp(s - lse) (on an all -inf row 0, or NaN: nan_rows), then
 	 * out = p @ v */
 	const sx_t *lb = lt_bcast_body(c, lse, 3, s->sizes);
-	const sx_t *pv = sx_un(c, OP_EXPNP, sx_bin(c, OP_SUB, sb, lb));
+	const sx_t *pv = sx_bin(c, OP_EXPSUB, sb, lb);
 	pv = sx_where(c, sx_bin(c, OP_EQ, lb, sxf(c, -INFINITY, acc)),
 		      sxf(c, nan_rows ? NAN : 0, acc), pv);
 	lt_t *p = lt_fn(c, acc, 3, s->sizes, pv);

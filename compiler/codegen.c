@@ -3125,12 +3125,19 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	 * alias each other: softmax over rows of 1024 ran 4-17% faster
 	 * rotated (compiler/README.md). Every loop of such a kernel (the
 	 * wavefront and its ramps) rotates alike, so a row's sums come out
-	 * the same bits whichever steps run it. The classic body (wave 2) is
-	 * for symbolic rows and keeps its order. */
+	 * the same bits whichever steps run it. Not rotated: symbolic rows
+	 * (wave 2, both bodies), and a kernel with an argmax or argmin,
+	 * whose lanes keep the first index they visit on a tie or NaN (torch's
+	 * is the first in the row). */
 	g->rot_var = -1;
 	int64_t C = k->fsizes[f - 1].e == NULL ? k->fsizes[f - 1].c : -1;
 	int W = c->vec_width, np = k->n_passes;
-	if (wave == 1 && k->rmask == 1u << (f - 1) && C >= 1024 &&
+	bool arg = false;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		red_op_t r = c->nodes[k->members[i].node].red;
+		arg = arg || r == RED_ARGMAX || r == RED_ARGMIN;
+	}
+	if (wave == 1 && !arg && k->rmask == 1u << (f - 1) && C >= 1024 &&
 	    (C & (C - 1)) == 0 && C / W >= 2 * np) {
 		g->rot_var = (int)(f - 1);
 		g->rot_cols = C;

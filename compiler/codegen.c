@@ -3125,10 +3125,13 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 	 * alias each other: softmax over rows of 1024 ran 4-17% faster
 	 * rotated (compiler/README.md). Every loop of such a kernel (the
 	 * wavefront and its ramps) rotates alike, so a row's sums come out
-	 * the same bits whichever steps run it. Not rotated: symbolic rows
-	 * (wave 2, both bodies), and a kernel with an argmax or argmin,
-	 * whose lanes keep the first index they visit on a tie or NaN (torch's
-	 * is the first in the row). */
+	 * the same bits whichever steps run it. Not rotated: the classic
+	 * body of a kernel whose row count is a symbol (wave 2, past 8 MiB:
+	 * rotated, softmax over 4096 rows of 1024 ran 40% slower there, where
+	 * memory bounds it; so one such artifact sums a row in another order
+	 * past 8 MiB), and a kernel with an argmax or argmin, whose lanes keep
+	 * the first index they visit on a tie or NaN (torch's is the first
+	 * in the row). */
 	g->rot_var = -1;
 	int64_t C = k->fsizes[f - 1].e == NULL ? k->fsizes[f - 1].c : -1;
 	int W = c->vec_width, np = k->n_passes;
@@ -3137,21 +3140,23 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		red_op_t r = c->nodes[k->members[i].node].red;
 		arg = arg || r == RED_ARGMAX || r == RED_ARGMIN;
 	}
-	if (wave == 1 && !arg && k->rmask == 1u << (f - 1) && C >= 1024 &&
+	if (!arg && k->rmask == 1u << (f - 1) && C >= 1024 &&
 	    (C & (C - 1)) == 0 && C / W >= 2 * np) {
 		g->rot_var = (int)(f - 1);
 		g->rot_cols = C;
 		g->rot_step = C / np / W * W;
 	}
 	gen_row_wave(g, begin, end, od, no, osz);
-	g->rot_var = -1;
-	if (classic == NULL)
+	if (classic == NULL) {
+		g->rot_var = -1;
 		return;
+	}
 	LLVMBasicBlockRef join =
 	    LLVMAppendBasicBlockInContext(g->ctx, g->fn, "wave_join");
 	LLVMBuildBr(g->b, join);
 	LLVMPositionBuilderAtEnd(g->b, classic);
 	memo_clear(g);
+	g->rot_var = -1;
 	gen_kernel_units(g, begin, end);
 	LLVMBuildBr(g->b, join);
 	LLVMPositionBuilderAtEnd(g->b, join);

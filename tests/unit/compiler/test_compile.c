@@ -3501,6 +3501,128 @@ Test(dynamic, one_artifact_many_sizes_streaming)
 	dynamic_softmax_many_sizes();
 }
 
+static kiln_module_t *module_of(kiln_compiler_t *kc, const kiln_graph_t *g,
+				const char *what);
+
+/* softmax over [s0, 1024], one artifact: its rows run as a wavefront up
+ * to 8 MiB, walking each pass from its own column, and one pass after
+ * another beyond, in order (two bodies, picked when the kernel runs:
+ * codegen.c gen_kernel_body). Batches of 8, 300 and 2100 rows (the last
+ * 8.6 MB) match softmax in f64 (1e-6 relative plus 1e-9); every row of
+ * the batch of 300 holds row r % 8 of the batch of 8 and comes out the
+ * same bits (both wavefronts, on a pool of three threads, which splits the
+ * 300 rows: rows run in the ramps in one batch and in the loop in the
+ * other). */
+Test(dynamic, softmax_rows_of_4k_at_every_batch)
+{
+	kiln_compiler_t *kc = new_compiler();
+	gb_t b;
+	gb_init(&b);
+	msgpack_pack_map(&b.pk, 5);
+	s(&b, "format");
+	s(&b, "kiln.graph/1");
+	s(&b, "symbols");
+	msgpack_pack_map(&b.pk, 1);
+	s(&b, "s0");
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "min");
+	msgpack_pack_int64(&b.pk, 1);
+	s(&b, "max");
+	msgpack_pack_nil(&b.pk);
+	s(&b, "inputs");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 2);
+	s(&b, "s0");
+	msgpack_pack_int64(&b.pk, 1024);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 1);
+	node_head(&b, "aten._softmax.default", 3);
+	ref(&b, 0);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_false(&b.pk);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_map(&b.pk, 2);
+	s(&b, "dtype");
+	s(&b, "f32");
+	s(&b, "shape");
+	msgpack_pack_array(&b.pk, 2);
+	s(&b, "s0");
+	msgpack_pack_int64(&b.pk, 1024);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 1);
+	ref(&b, 1);
+	kiln_graph_t *g = graph_from_json_like("dynamic softmax 1024", &b.sb);
+	kiln_module_t *m = module_of(kc, g, "dynamic softmax 1024");
+	enum { C = 1024 };
+	const int64_t rows[3] = {8, 300, 2100};
+	float *y[3] = {NULL, NULL, NULL};
+	char err[512];
+	kiln_pool_t *pool = NULL;
+	cr_assert_eq(kiln_pool_new(3, &pool), 0);
+	kiln_run_opts_t ro;
+	memset(&ro, 0, sizeof(ro));
+	ro.pool = pool;
+	for (int t = 0; t < 3; t++) {
+		int64_t sz[2] = {rows[t], C};
+		kiln_tensor_t x;
+		cr_assert_eq(kiln_td_tensor_alloc(&x, KILN_DT_F32, 2, sz), 0);
+		float *xd = x.data;
+		/* row r holds row r % 8 of the first batch */
+		for (int64_t i = 0; i < rows[t] * C; i++)
+			xd[i] =
+			    (float)(kiln_td_prng_uniform(
+					13, (uint64_t)(i % (8 * C)), -5, 5) +
+				    (double)(i % C) / 100.0);
+		kiln_io_t in = {KILN_IO_TENSOR, 0, x};
+		void *ob[1] = {NULL};
+		kiln_io_t out[1];
+		cr_assert_eq(
+		    kiln_module_run(m, &in, 1, ob, out, &ro, err, sizeof(err)),
+		    0, "rows %lld: %s", (long long)rows[t], err);
+		y[t] = ob[0];
+		int bad = 0;
+		for (int64_t r = 0; r < rows[t] && bad < 3; r++) {
+			double mx = -INFINITY, sum = 0;
+			for (int64_t c = 0; c < C; c++)
+				mx = fmax(mx, xd[r * C + c]);
+			for (int64_t c = 0; c < C; c++)
+				sum += exp((double)xd[r * C + c] - mx);
+			for (int64_t c = 0; c < C; c++) {
+				double want =
+				    exp((double)xd[r * C + c] - mx) / sum;
+				double got = y[t][r * C + c];
+				if (fabs(got - want) <= 1e-6 * want + 1e-9)
+					continue;
+				bad++;
+				cr_expect(false,
+					  "rows %lld: row %lld col %lld: %.9g, "
+					  "want %.9g",
+					  (long long)rows[t], (long long)r,
+					  (long long)c, got, want);
+				break;
+			}
+		}
+		kiln_td_tensor_free(&x);
+	}
+	for (int64_t r = 0; r < rows[1]; r++)
+		cr_expect(memcmp(y[0] + (r % 8) * C, y[1] + r * C,
+				 sizeof(float) * C) == 0,
+			  "row %lld of 300 differs from row %lld of 8",
+			  (long long)r, (long long)(r % 8));
+	for (int t = 0; t < 3; t++)
+		free(y[t]);
+	kiln_pool_free(pool);
+	kiln_module_free(m);
+	kiln_graph_free(g);
+	msgpack_sbuffer_destroy(&b.sb);
+	kiln_compiler_free(kc);
+}
+
 /* ---- scatters: dense below a size, a scatter-add kernel above ------------ */
 
 /* embedding_dense_backward(grad * 2, idx, V, pad, freq) -> [V, D], grad

@@ -517,6 +517,8 @@ bool cg_row_ahead(cctx_t *c, const kernel_t *k);
  * passes one after another (bench_kernels --threads 2, alternated). */
 #define CG_WAVE_MAX_BYTES (8.0 * 1024 * 1024)
 int cg_row_wave(cctx_t *c, const kernel_t *k);
+/* codegen.c: the column step between a wavefront's passes (0: none) */
+int64_t cg_row_rotation(cctx_t *c, const kernel_t *k);
 /* codegen.c: the heuristic's reason for that choice (kilnc --emit=kernels) */
 const char *cg_gemm_why(cctx_t *c, const cnode_t *n);
 void sched_mark_fallback_input(cctx_t *c, uint32_t buf, int32_t kernel);

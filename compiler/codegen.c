@@ -3088,6 +3088,40 @@ static void gen_row_wave(gen_t *g, LLVMValueRef begin, LLVMValueRef end,
 
 static void gen_kernel_units(gen_t *g, LLVMValueRef begin, LLVMValueRef end);
 
+/* The column step between a wavefront kernel's passes (cg_row_wave): pass
+ * p starts each row at column p·step and wraps; 0 for none. A static row
+ * of C = 2^k >= 1024 f32 (a multiple of 4 KB) takes step C/n rounded to
+ * whole vectors. With every pass at the same column, the scale pass's
+ * load from row s - 2 is 4096 bytes below the exp pass's store to row
+ * s - 1 just before it, which the core takes for a store it must wait
+ * for (4K aliasing), and with input and output both page-aligned every
+ * pass's accesses alias each other: softmax over rows of 1024 ran 4-17%
+ * faster rotated (compiler/README.md). Every loop of such a kernel (the
+ * wavefront and its ramps) rotates alike, so a row's sums come out the
+ * same bits whichever steps run it. Not rotated: the classic body of a
+ * kernel whose row count is a symbol (wave 2, past 8 MiB: rotated,
+ * softmax over 4096 rows of 1024 ran 40% slower there, where memory
+ * bounds it; so one such artifact sums a row in another order past 8
+ * MiB), and a kernel with an argmax or argmin, whose lanes keep the first
+ * index they visit on a tie or NaN (torch's is the first in the row). */
+int64_t cg_row_rotation(cctx_t *c, const kernel_t *k)
+{
+	uint32_t f = k->frank;
+	if (f == 0 || cg_row_wave(c, k) == 0)
+		return 0;
+	int64_t C = k->fsizes[f - 1].e == NULL ? k->fsizes[f - 1].c : -1;
+	int W = c->vec_width, np = k->n_passes;
+	for (uint32_t i = 0; i < k->n_members; i++) {
+		red_op_t r = c->nodes[k->members[i].node].red;
+		if (r == RED_ARGMAX || r == RED_ARGMIN)
+			return 0;
+	}
+	if (k->rmask != 1u << (f - 1) || C < 1024 || (C & (C - 1)) != 0 ||
+	    C / W < 2 * np)
+		return 0;
+	return C / np / W * W;
+}
+
 static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 {
 	cctx_t *c = g->c;
@@ -3116,35 +3150,13 @@ static void gen_kernel_body(gen_t *g, LLVMValueRef begin, LLVMValueRef end)
 		    g, LLVMBuildICmp(g->b, LLVMIntSLE, bytes,
 				     K64(g, (int64_t)CG_WAVE_MAX_BYTES), ""));
 	g->vvar = (int)(f - 1);
-	/* Pass p of a static row of C = 2^k >= 1024 f32 (a multiple of 4
-	 * KB) starts at column p·C/n (whole vectors) and wraps. With every
-	 * pass at the same column, the scale pass's load from row s - 2 is
-	 * 4096 bytes below the exp pass's store to row s - 1 just before it,
-	 * which the core takes for a store it must wait for (4K aliasing),
-	 * and with input and output both page-aligned every pass's accesses
-	 * alias each other: softmax over rows of 1024 ran 4-17% faster
-	 * rotated (compiler/README.md). Every loop of such a kernel (the
-	 * wavefront and its ramps) rotates alike, so a row's sums come out
-	 * the same bits whichever steps run it. Not rotated: the classic
-	 * body of a kernel whose row count is a symbol (wave 2, past 8 MiB:
-	 * rotated, softmax over 4096 rows of 1024 ran 40% slower there, where
-	 * memory bounds it; so one such artifact sums a row in another order
-	 * past 8 MiB), and a kernel with an argmax or argmin, whose lanes keep
-	 * the first index they visit on a tie or NaN (torch's is the first
-	 * in the row). */
+	/* each pass from its own column (cg_row_rotation) */
 	g->rot_var = -1;
-	int64_t C = k->fsizes[f - 1].e == NULL ? k->fsizes[f - 1].c : -1;
-	int W = c->vec_width, np = k->n_passes;
-	bool arg = false;
-	for (uint32_t i = 0; i < k->n_members; i++) {
-		red_op_t r = c->nodes[k->members[i].node].red;
-		arg = arg || r == RED_ARGMAX || r == RED_ARGMIN;
-	}
-	if (!arg && k->rmask == 1u << (f - 1) && C >= 1024 &&
-	    (C & (C - 1)) == 0 && C / W >= 2 * np) {
+	int64_t step = cg_row_rotation(c, k);
+	if (step > 0) {
 		g->rot_var = (int)(f - 1);
-		g->rot_cols = C;
-		g->rot_step = C / np / W * W;
+		g->rot_cols = k->fsizes[f - 1].c;
+		g->rot_step = step;
 	}
 	gen_row_wave(g, begin, end, od, no, osz);
 	if (classic == NULL) {

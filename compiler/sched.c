@@ -1249,6 +1249,10 @@ char *sched_report(cctx_t *c)
 				  CG_WAVE_MAX_BYTES / (1024 * 1024));
 		else if (cg_row_ahead(c, k))
 			sb_printf(&s, ", first pass a row ahead");
+		int64_t rot = cg_row_rotation(c, k);
+		if (rot > 0)
+			sb_printf(&s, ", pass p from column p*%lld",
+				  (long long)rot);
 		if (k->is_epilogue)
 			sb_printf(&s, ", run by %s", c->kernels[ki - 1].name);
 		sb_printf(&s, ", %u member%s\n", k->n_members,

@@ -238,32 +238,33 @@ static LLVMValueRef exp2_f32_avx512(gen_t *g, LLVMValueRef t, LLVMValueRef gv,
  * rounding or NaN) where b is one value for all lanes (a row's, whose own
  * work the loop hoists), in base 2 without forming a - b: t = a·L - b·L in
  * one FMA (L = log2 e rounded to f32), f = t - floor(t) ∈ [0, 1) in one
- * vreduceps (exact, but for a tiny negative t: 1 - 2^-24), 2^f = 1 +
- * f·q(f) with q of degree 4 (minimax relative error on [0, 1]: 9.4e-8 with
- * the coefficients rounded to f32), and vscalefps multiplies by
- * 2^floor(t) (its own floor). 6 FMAs, a vreduceps and a vscalefps a vector, where exp_f32_avx512(a
- * - b) takes a subtraction, a clamp, a multiply, a vrndscaleps, 6 FMAs and a
- * vscalefps: softmax's exp pass is bound by those pipes; its kernel over rows
- * of 1024 ran 5-8% faster (one thread, compiler/README.md). b·L is rounded to c
- * = -(b·L) before the FMA adds it, so t is off by the residual r = b·L + c
- * (exact in f32, one FMA, up to ulp(b·L)/2) for the whole row: 2^-r multiplies
- * q's coefficients (once a row), so the result is e^(a - b) per element with no
- * factor left over, and lanes computed another way (the loop's scalar rest)
- * agree. |b| > 2^30 takes t = 2a - 2b (below 2^126) or a - b: every nonzero a -
- * b is then at least 128 (b's ulp, or a below 2^30), where 2^(2(a - b)) and
- * 2^(a - b) (|b| >= 2^126) are 0 as e^(a - b) is, and 1 at a = b (at b = 2^30
- * itself, a = 2^30 - 64 is a float, so 2^30 stays in the first way); this keeps
- * r <= 64 (|b·L| < 2^31) so 2^-r is a normal f32. Specials: a = -inf gives t =
- * -inf, f = 0 and 0; NaN stays NaN; b = ±inf or NaN give t = NaN or -inf (a -
- * b's NaN or 0). Accuracy: t is rounded once where the exp of the f32 a - b had
- * its own rounding of a - b (exact only for a near b): ln 2·ulp(t)/2 relative,
- * up to |a - b| ulp, plus 0.22·|a - b| ulp from L's rounding; softmax within 6
- * + 1.25·|x - max| ulp of f64 (codegen::softmax_exp; 62 ulp at -86 on rows
- * whose max is 0, where x - max is exact and exp_f32_avx512 had 4.7; on rows of
- * random logits the max error is the same as before, the mean 1.1-1.6x:
- * compiler/README.md). A b that is not one value for all lanes (softmax over
- * columns, vectorized across rows) takes exp_f32_avx512(a - b): its per-row
- * work would be per vector. */
+ * vreduceps (exact, but for a tiny negative t: 1 - 2^-24), 2^f = 1 + f·q(f)
+ * with q of degree 4 (minimax relative error on [0, 1]: 9.4e-8 with the
+ * coefficients rounded to f32), and vscalefps multiplies by 2^floor(t) (its
+ * own floor). 6 FMAs, a vreduceps and a vscalefps a vector, where
+ * exp_f32_avx512(a - b) takes a subtraction, a clamp, a multiply, a
+ * vrndscaleps, 6 FMAs and a vscalefps: softmax's exp pass is bound by those
+ * pipes; its kernel over rows of 1024 ran 5-8% faster (one thread,
+ * compiler/README.md). b·L is rounded to c = -(b·L) before the FMA adds it,
+ * so t is off by the residual r = b·L + c (exact in f32, one FMA, up to
+ * ulp(b·L)/2) for the whole row: 2^-r multiplies q's coefficients (once a
+ * row), so the result is e^(a - b) per element with no factor left over, and
+ * lanes computed another way (the loop's scalar rest) agree. |b| > 2^30
+ * takes t = 2a - 2b (below 2^126) or a - b: every nonzero a - b is then at
+ * least 128 (b's ulp, or a below 2^30), where 2^(2(a - b)) and 2^(a - b)
+ * (|b| >= 2^126) are 0 as e^(a - b) is, and 1 at a = b (at b = 2^30 itself,
+ * a = 2^30 - 64 is a float, so 2^30 stays in the first way); this keeps r <=
+ * 64 (|b·L| < 2^31) so 2^-r is a normal f32. Specials: a = -inf gives t =
+ * -inf, f = 0 and 0; NaN stays NaN; b = ±inf or NaN give t = NaN or -inf (a
+ * - b's NaN or 0). Accuracy: t is rounded once where the exp of the f32 a -
+ * b had its own rounding of a - b (exact only for a near b): ln 2·ulp(t)/2
+ * relative, up to |a - b| ulp, plus 0.22·|a - b| ulp from L's rounding;
+ * softmax within 6 + 1.25·|x - max| ulp of f64 (codegen::softmax_exp; 62 ulp
+ * at -86 on rows whose max is 0, where x - max is exact and exp_f32_avx512
+ * had 4.7; on rows of random logits the max error is the same as before, the
+ * mean 1.1-1.6x: compiler/README.md). A b that is not one value for all
+ * lanes (softmax over columns, vectorized across rows) takes
+ * exp_f32_avx512(a - b): its per-row work would be per vector. */
 static LLVMValueRef expsub_f32_avx512(gen_t *g, LLVMValueRef a, LLVMValueRef b,
 				      int w)
 {

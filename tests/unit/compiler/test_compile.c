@@ -3369,33 +3369,46 @@ Test(fusion, views_are_not_copies)
 /* ---- dynamic shapes: one artifact, several sizes
  * ------------------------- */
 
+/* The spec of an f32 [s0, cols]. */
+static void sym_rows_spec(gb_t *b, int64_t cols)
+{
+	msgpack_pack_map(&b->pk, 2);
+	s(b, "dtype");
+	s(b, "f32");
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, 2);
+	s(b, "s0");
+	msgpack_pack_int64(&b->pk, cols);
+}
+
+/* A fresh graph's head with the symbol s0 >= 1 and one input, an f32 [s0,
+ * cols] (the caller packs "nodes", then "outputs"). */
+static void sym_rows_head(gb_t *b, int64_t cols)
+{
+	gb_init(b);
+	msgpack_pack_map(&b->pk, 5);
+	s(b, "format");
+	s(b, "kiln.graph/1");
+	s(b, "symbols");
+	msgpack_pack_map(&b->pk, 1);
+	s(b, "s0");
+	msgpack_pack_map(&b->pk, 2);
+	s(b, "min");
+	msgpack_pack_int64(&b->pk, 1);
+	s(b, "max");
+	msgpack_pack_nil(&b->pk);
+	s(b, "inputs");
+	msgpack_pack_array(&b->pk, 1);
+	sym_rows_spec(b, cols);
+}
+
 static void dynamic_softmax_many_sizes(void)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
-	gb_init(&b);
 	/* y = softmax(x * 2 + 1) over [s0, 48], then layer_norm-free
 	 * sum */
-	msgpack_pack_map(&b.pk, 5);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "symbols");
-	msgpack_pack_map(&b.pk, 1);
-	s(&b, "s0");
-	msgpack_pack_map(&b.pk, 2);
-	s(&b, "min");
-	msgpack_pack_int64(&b.pk, 1);
-	s(&b, "max");
-	msgpack_pack_nil(&b.pk);
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 2);
-	s(&b, "dtype");
-	s(&b, "f32");
-	s(&b, "shape");
-	msgpack_pack_array(&b.pk, 2);
-	s(&b, "s0");
-	msgpack_pack_int64(&b.pk, 48);
+	sym_rows_head(&b, 48);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 2);
 	node_head(&b, "aten.mul.Tensor", 2);
@@ -3403,26 +3416,14 @@ static void dynamic_softmax_many_sizes(void)
 	msgpack_pack_double(&b.pk, 2.0);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 2);
-	s(&b, "dtype");
-	s(&b, "f32");
-	s(&b, "shape");
-	msgpack_pack_array(&b.pk, 2);
-	s(&b, "s0");
-	msgpack_pack_int64(&b.pk, 48);
+	sym_rows_spec(&b, 48);
 	node_head(&b, "aten._softmax.default", 3);
 	ref(&b, 1);
 	msgpack_pack_int64(&b.pk, 1);
 	msgpack_pack_false(&b.pk);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 2);
-	s(&b, "dtype");
-	s(&b, "f32");
-	s(&b, "shape");
-	msgpack_pack_array(&b.pk, 2);
-	s(&b, "s0");
-	msgpack_pack_int64(&b.pk, 48);
+	sym_rows_spec(&b, 48);
 	s(&b, "outputs");
 	msgpack_pack_array(&b.pk, 1);
 	ref(&b, 2);
@@ -3517,27 +3518,7 @@ Test(dynamic, softmax_rows_of_4k_at_every_batch)
 {
 	kiln_compiler_t *kc = new_compiler();
 	gb_t b;
-	gb_init(&b);
-	msgpack_pack_map(&b.pk, 5);
-	s(&b, "format");
-	s(&b, "kiln.graph/1");
-	s(&b, "symbols");
-	msgpack_pack_map(&b.pk, 1);
-	s(&b, "s0");
-	msgpack_pack_map(&b.pk, 2);
-	s(&b, "min");
-	msgpack_pack_int64(&b.pk, 1);
-	s(&b, "max");
-	msgpack_pack_nil(&b.pk);
-	s(&b, "inputs");
-	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 2);
-	s(&b, "dtype");
-	s(&b, "f32");
-	s(&b, "shape");
-	msgpack_pack_array(&b.pk, 2);
-	s(&b, "s0");
-	msgpack_pack_int64(&b.pk, 1024);
+	sym_rows_head(&b, 1024);
 	s(&b, "nodes");
 	msgpack_pack_array(&b.pk, 1);
 	node_head(&b, "aten._softmax.default", 3);
@@ -3546,13 +3527,7 @@ Test(dynamic, softmax_rows_of_4k_at_every_batch)
 	msgpack_pack_false(&b.pk);
 	s(&b, "out");
 	msgpack_pack_array(&b.pk, 1);
-	msgpack_pack_map(&b.pk, 2);
-	s(&b, "dtype");
-	s(&b, "f32");
-	s(&b, "shape");
-	msgpack_pack_array(&b.pk, 2);
-	s(&b, "s0");
-	msgpack_pack_int64(&b.pk, 1024);
+	sym_rows_spec(&b, 1024);
 	s(&b, "outputs");
 	msgpack_pack_array(&b.pk, 1);
 	ref(&b, 1);

@@ -56,7 +56,7 @@ typedef enum {
 	X(ADD) X(SUB) X(MUL) X(DIV) X(FLOORDIV) X(TRUNCDIV) X(REM) X(FMOD)     \
 	X(POW) X(MAX) X(MIN) X(ATAN2) X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)      \
 	X(AND) X(OR) X(XOR) X(BITAND) X(BITOR) X(BITXOR) X(SHL) X(SHR)         \
-	/* exp(a - b), b the same for a row and >= a: softmax's (mathfn.c) */  \
+	/* exp(a - b), b one value a row, >= a: softmax's, attention's */      \
 	X(EXPSUB)
 /* clang-format on */
 

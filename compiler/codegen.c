@@ -1940,7 +1940,6 @@ static void tile_put(gen_t *g, uint32_t i, LLVMValueRef v, int w)
 	LLVMSetAlignment(s, 4);
 }
 
-/* The body of one loop iteration at width w for the members of pass p. */
 static void gen_iteration_at(gen_t *g, int32_t p, racc_t *acc, int w);
 
 /* One iteration of pass p at width w; in a rotated wavefront kernel
@@ -1965,6 +1964,7 @@ static void gen_iteration(gen_t *g, int32_t p, racc_t *acc, int w)
 	memo_clear(g);
 }
 
+/* The body of one loop iteration at width w for the members of pass p. */
 static void gen_iteration_at(gen_t *g, int32_t p, racc_t *acc, int w)
 {
 	g->W = w;

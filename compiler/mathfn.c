@@ -12,7 +12,8 @@
  * rational (phi_f32), or on 16 AVX-512 lanes a table of polynomials
  * (phi_f32_avx512, 6.19e-8 absolute). OP_EXPNP is the exp without an overflow
  * end, for arguments the lowering knows are <= 0 (exp_nonpos_f32); OP_EXPSUB
- * is softmax's exp(x - max), in base 2 on AVX-512 (expsub_f32_avx512). On
+ * is exp(a - b) for a b that is one value a row (softmax's, log_softmax's and
+ * attention's exp(x - max)), in base 2 on AVX-512 (expsub_f32_avx512). On
  * AVX-512, exp (and what is built on it) scales by 2^n with vscalefps
  * (exp_f32_avx512): half the instructions; softmax runs 1.5x faster. f64 and
  * the rare binary functions (pow, atan2) call libm per lane.
@@ -67,6 +68,21 @@ static LLVMValueRef as_int(gen_t *g, LLVMValueRef x, int w)
 static LLVMValueRef as_float(gen_t *g, LLVMValueRef x, int w)
 {
 	return LLVMBuildBitCast(g->b, x, cg_type(g, KILN_DT_F32, w), "");
+}
+
+static bool has_dq(gen_t *g)
+{
+	return strstr(g->c->target->features, "+avx512dq") != NULL;
+}
+
+/* vreduceps of 16 lanes with immediate imm: x less x rounded (imm's low
+ * bits: 0 to nearest, 1 down) to 2^-(imm >> 4) (AVX512DQ). */
+static LLVMValueRef vreduce_ps(gen_t *g, LLVMValueRef x, int imm)
+{
+	LLVMValueRef ra[5] = {x, LLVMConstInt(g->i32, (unsigned)imm, 0), x,
+			      LLVMConstInt(g->i16, 0xffff, 0),
+			      LLVMConstInt(g->i32, 4, 0)};
+	return cg_intr(g, "llvm.x86.avx512.mask.reduce.ps.512", NULL, 0, ra, 5);
 }
 
 /* exp on 16 f32 lanes of an AVX-512 target: x clamped to [-150, 88.8]
@@ -201,20 +217,14 @@ static LLVMValueRef splat_scalar(LLVMValueRef v)
  * vreduceps gives. */
 static LLVMValueRef frac_f32_avx512(gen_t *g, LLVMValueRef t, int w)
 {
-	if (strstr(g->c->target->features, "+avx512dq") != NULL) {
-		/* imm 9: round down, precision exception suppressed */
-		LLVMValueRef ra[5] = {t, LLVMConstInt(g->i32, 9, 0), t,
-				      LLVMConstInt(g->i16, 0xffff, 0),
-				      LLVMConstInt(g->i32, 4, 0)};
-		return cg_intr(g, "llvm.x86.avx512.mask.reduce.ps.512", NULL, 0,
-			       ra, 5);
-	}
+	if (has_dq(g)) /* imm 9: round down, precision exception suppressed */
+		return vreduce_ps(g, t, 9);
 	LLVMValueRef f = FSUB(t, un_intr(g, "llvm.floor", t));
 	return SEL(FCMP(LLVMRealOEQ, un_intr(g, "llvm.fabs", t), F(INFINITY)),
 		   F(0.0), f);
 }
 
-/* 2^t on 16 AVX-512 lanes: g·(1 + f·q(f))·2^floor(t), f = t - floor(t),
+/* 2^t on 16 AVX-512 lanes: gv·(1 + f·q(f))·2^floor(t), f = t - floor(t),
  * with q's coefficients (and the 1) times the vector gv (NULL: 1). */
 static LLVMValueRef exp2_f32_avx512(gen_t *g, LLVMValueRef t, LLVMValueRef gv,
 				    int w)
@@ -272,26 +282,23 @@ static LLVMValueRef expsub_f32_avx512(gen_t *g, LLVMValueRef a, LLVMValueRef b,
 	if (bs == NULL || LLVMTypeOf(bs) != g->f32)
 		return exp_f32_avx512(g, FSUB(a, b), w, true);
 	const double l2e = 1.44269504088896341;
-	LLVMValueRef (*K)(LLVMTypeRef, double) = LLVMConstReal;
-	LLVMTypeRef ft = g->f32;
-	LLVMValueRef bl = LLVMBuildFMul(g->b, bs, K(ft, l2e), "");
-	LLVMValueRef sargs[3] = {bs, K(ft, l2e), LLVMBuildFNeg(g->b, bl, "")};
-	LLVMValueRef r = cg_intr(g, "llvm.fma", &ft, 1, sargs, 3);
-	LLVMValueRef ab = cg_intr(g, "llvm.fabs", &ft, 1, &bs, 1);
-	LLVMValueRef ra = LLVMBuildFCmp(g->b, LLVMRealOLE, ab,
-					K(ft, 1073741824.0), ""); /* 2^30 */
-	LLVMValueRef rb =
-	    LLVMBuildFCmp(g->b, LLVMRealOLE, ab, K(ft, 0x1p126), "");
-	LLVMValueRef lr = SEL(ra, K(ft, l2e), SEL(rb, K(ft, 2.0), K(ft, 1.0)));
+#define S(v_) cg_const_f(g, (v_), KILN_DT_F32, 1) /* one lane */
+	LLVMValueRef bl = LLVMBuildFMul(g->b, bs, S(l2e), "");
+	LLVMValueRef r = fma_(g, bs, S(l2e), LLVMBuildFNeg(g->b, bl, ""));
+	LLVMValueRef ab = un_intr(g, "llvm.fabs", bs);
+	LLVMValueRef ra = LLVMBuildFCmp(g->b, LLVMRealOLE, ab, S(1073741824.0),
+					""); /* 2^30 */
+	LLVMValueRef rb = LLVMBuildFCmp(g->b, LLVMRealOLE, ab, S(0x1p126), "");
+	LLVMValueRef lr = SEL(ra, S(l2e), SEL(rb, S(2.0), S(1.0)));
 	LLVMValueRef cr = LLVMBuildFNeg(
-	    g->b,
-	    SEL(ra, bl, SEL(rb, LLVMBuildFMul(g->b, bs, K(ft, 2.0), ""), bs)),
+	    g->b, SEL(ra, bl, SEL(rb, LLVMBuildFMul(g->b, bs, S(2.0), ""), bs)),
 	    "");
-	LLVMValueRef nr = SEL(ra, LLVMBuildFNeg(g->b, r, ""), K(ft, 0.0));
+	LLVMValueRef nr = SEL(ra, LLVMBuildFNeg(g->b, r, ""), S(0.0));
 	LLVMValueRef nv = cg_splat(g, nr, w);
 	LLVMValueRef gv = exp2_f32_avx512(g, nv, NULL, w);
 	LLVMValueRef t = fma_(g, a, cg_splat(g, lr, w), cg_splat(g, cr, w));
 	return exp2_f32_avx512(g, t, gv, w);
+#undef S
 }
 
 static LLVMValueRef log_f32(gen_t *g, LLVMValueRef x, int w)
@@ -462,12 +469,8 @@ static LLVMValueRef phi_f32_avx512(gen_t *g, LLVMValueRef x, int w)
 	a = SEL(FCMP(LLVMRealOGT, a, F(31.0 * h)), F(31.0 * h), a);
 	LLVMValueRef u = FMUL(a, F(1.0 / h));
 	LLVMValueRef s;
-	if (strstr(g->c->target->features, "+avx512dq") != NULL) {
-		LLVMValueRef ra[5] = {u, LLVMConstInt(g->i32, 0, 0), u,
-				      LLVMConstInt(g->i16, 0xffff, 0),
-				      LLVMConstInt(g->i32, 4, 0)};
-		s = cg_intr(g, "llvm.x86.avx512.mask.reduce.ps.512", NULL, 0,
-			    ra, 5);
+	if (has_dq(g)) {
+		s = vreduce_ps(g, u, 0);
 	} else {
 		s = FSUB(u, un_intr(g, "llvm.roundeven", u));
 	}

@@ -442,6 +442,8 @@ uint32_t new_buf(cctx_t *c, cbuf_kind_t kind, kiln_dtype_t dt, uint32_t rank,
 		 const kiln_dim_t *sizes);
 int32_t new_cnode(cctx_t *c);
 
+/* Whether op only views its self argument (compile.c's outputs, lower.c). */
+bool cir_is_view_op(const char *op);
 /* Lowers every node of the graph; fills c->vals. */
 int lower_graph(cctx_t *c);
 

@@ -235,34 +235,6 @@ bool kiln_compiler_supports(const char *op)
 
 /* ---- outputs ------------------------------------------------------------- */
 
-static bool is_view_op(const char *op)
-{
-	static const char *const views[] = {"aten.view.default",
-					    "aten._unsafe_view.default",
-					    "aten._reshape_alias.default",
-					    "aten.reshape.default",
-					    "aten.permute.default",
-					    "aten.transpose.int",
-					    "aten.t.default",
-					    "aten.expand.default",
-					    "aten.squeeze.dim",
-					    "aten.squeeze.dims",
-					    "aten.squeeze.default",
-					    "aten.unsqueeze.default",
-					    "aten.slice.Tensor",
-					    "aten.select.int",
-					    "aten.split.Tensor",
-					    "aten.split_with_sizes.default",
-					    "aten.unbind.int",
-					    "aten.alias.default",
-					    "aten.detach.default",
-					    "aten.as_strided.default"};
-	for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++)
-		if (strcmp(op, views[i]) == 0)
-			return true;
-	return false;
-}
-
 /* Makes every graph output a view of an input or of an output buffer. */
 static int lower_outputs(cctx_t *c, lt_t **outs)
 {
@@ -286,7 +258,7 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 		bool input_view = false;
 		if (t->is_buf && c->bufs[t->buf].kind == CB_INPUT) {
 			int32_t p = g->values[v].producer;
-			input_view = p < 0 || is_view_op(g->nodes[p].op);
+			input_view = p < 0 || cir_is_view_op(g->nodes[p].op);
 		}
 		if (!input_view) {
 			const kiln_value_t *dv = &g->values[v];

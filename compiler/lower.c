@@ -924,6 +924,127 @@ static int realize_refs(cctx_t *c, const kiln_arg_t *a, int32_t node)
 	return lt_realize(c, t, node, &c->vals[a->u.ref]);
 }
 
+bool cir_is_view_op(const char *op)
+{
+	static const char *const views[] = {"aten.view.default",
+					    "aten._unsafe_view.default",
+					    "aten._reshape_alias.default",
+					    "aten.reshape.default",
+					    "aten.permute.default",
+					    "aten.transpose.int",
+					    "aten.t.default",
+					    "aten.expand.default",
+					    "aten.squeeze.dim",
+					    "aten.squeeze.dims",
+					    "aten.squeeze.default",
+					    "aten.unsqueeze.default",
+					    "aten.slice.Tensor",
+					    "aten.select.int",
+					    "aten.split.Tensor",
+					    "aten.split_with_sizes.default",
+					    "aten.unbind.int",
+					    "aten.alias.default",
+					    "aten.detach.default",
+					    "aten.as_strided.default"};
+	for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++)
+		if (strcmp(op, views[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Whether the graph declares value dv contiguous (static sizes). */
+static bool decl_contiguous(const kiln_value_t *dv)
+{
+	if (!dv->strides_given)
+		return true;
+	int64_t want = 1;
+	for (uint32_t k = dv->rank; k-- > 0;) {
+		if (dv->sizes[k].e != NULL || dv->strides[k].e != NULL)
+			return false;
+		if (dv->sizes[k].c != 1 && dv->strides[k].c != want)
+			return false;
+		want *= dv->sizes[k].c;
+	}
+	return true;
+}
+
+/* The values the graph returns views of, all of each (a qkv projection
+ * whose unbind gives the q, k and v saved for attention's backward, a
+ * linear layer's output saved through a view for gelu's): marked so that
+ * lower_graph realizes each into a buffer where it is made. The outputs are
+ * then views of that buffer (lower_outputs finds their declared strides
+ * there) instead of copies computed again from the lazy body at the end of
+ * the graph, a buffer of their own each; and the value's other readers
+ * take the buffer. Followed back through view ops from each output, by
+ * their self argument, to a value an op makes (not a graph input); marked
+ * where those outputs hold at least as many elements as it has and it is
+ * declared contiguous, as it is realized (static sizes only). NULL when there
+ * is none, or on allocation failure. */
+static bool *output_view_bases(cctx_t *c)
+{
+	const kiln_graph_t *g = c->g;
+	double *cover = NULL;
+	bool *seen = NULL, *mark = NULL;
+	for (uint32_t i = 0; i < g->n_outputs; i++) {
+		if (g->outputs[i].kind != KILN_ARG_REF)
+			continue;
+		uint32_t w = g->outputs[i].u.ref;
+		if (w >= g->n_values || g->values[w].kind != KILN_VAL_TENSOR)
+			continue;
+		uint32_t u = w, chain = 0;
+		for (;;) {
+			int32_t p = g->values[u].producer;
+			if (p < 0 || (uint32_t)p >= g->n_nodes ||
+			    !cir_is_view_op(g->nodes[p].op) ||
+			    g->nodes[p].n_args == 0 ||
+			    g->nodes[p].args[0].kind != KILN_ARG_REF ||
+			    g->nodes[p].args[0].u.ref >= u)
+				break;
+			u = g->nodes[p].args[0].u.ref;
+			chain++;
+		}
+		const kiln_value_t *bv = &g->values[u];
+		if (chain == 0 || bv->producer < 0 ||
+		    bv->kind != KILN_VAL_TENSOR)
+			continue;
+		if (cover == NULL) {
+			cover = cir_alloc(c, sizeof(double) * g->n_values);
+			seen = cir_alloc(c, sizeof(bool) * g->n_values);
+			if (cover == NULL || seen == NULL)
+				return NULL;
+		}
+		if (seen[w])
+			continue;
+		seen[w] = true;
+		const kiln_value_t *wv = &g->values[w];
+		double n = 1;
+		for (uint32_t k = 0; k < wv->rank; k++)
+			n *= wv->sizes[k].e == NULL ? (double)wv->sizes[k].c
+						    : 0.0;
+		cover[u] += n;
+	}
+	if (cover == NULL)
+		return NULL;
+	for (uint32_t v = 0; v < g->n_values; v++) {
+		if (cover[v] <= 0)
+			continue;
+		const kiln_value_t *bv = &g->values[v];
+		double n = 1;
+		for (uint32_t k = 0; k < bv->rank; k++)
+			n *= bv->sizes[k].e == NULL ? (double)bv->sizes[k].c
+						    : 0.0;
+		if (n <= 0 || cover[v] < n || !decl_contiguous(bv))
+			continue;
+		if (mark == NULL) {
+			mark = cir_alloc(c, sizeof(bool) * g->n_values);
+			if (mark == NULL)
+				return NULL;
+		}
+		mark[v] = true;
+	}
+	return mark;
+}
+
 /* An op kiln does not lower: a fallback step that the Python runtime runs
  * through torch. Its tensor inputs are made buffers; its outputs are new
  * contiguous buffers with the declared shapes. */
@@ -993,6 +1114,7 @@ int lower_graph(cctx_t *c)
 	for (uint32_t i = 0; i < g->n_outputs; i++)
 		count_use(c, &g->outputs[i]);
 	c->nhwc = graph_nhwc(g);
+	const bool *base = output_view_bases(c);
 	for (uint32_t i = 0; i < g->n_inputs; i++) {
 		int rc = bind_input(c, i);
 		if (rc != 0)
@@ -1056,7 +1178,8 @@ int lower_graph(cctx_t *c)
 						    k);
 				continue;
 			}
-			if (must_realize(t, c->uses[v])) {
+			if (must_realize(t, c->uses[v]) ||
+			    (base != NULL && base[v] && !t->is_buf)) {
 				rc = realize_as_declared(c, t, &g->values[v],
 							 (int32_t)i,
 							 &c->vals[v]);

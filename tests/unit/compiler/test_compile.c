@@ -1093,8 +1093,10 @@ static void match_interp(kiln_compiler_t *kc, const kiln_graph_t *g,
 		cr_expect(kiln_td_compare(&out[o].t, &want[o], tol, tol, &cr),
 			  "%s: output %u: %s", what, o, cr.msg);
 		free(want[o].data);
-		free(ob[o]);
 	}
+	/* after every comparison: outputs may be views of one buffer */
+	for (uint32_t o = 0; o < 4; o++)
+		free(ob[o]);
 	if (gd.map != NULL) {
 		munmap(gd.map, gd.len);
 		in[0].data = NULL;
@@ -1724,6 +1726,135 @@ Test(fusion, few_columns_against_a_large_a_stream_it)
 		expect_report_has(kc, g, "against an A of 4 MiB or more",
 				  avx && i == 0, what);
 		expect_matches_interp(kc, g, "default", 150 + i, 1e-4, what);
+		kiln_graph_free(g);
+	}
+	kiln_compiler_free(kc);
+}
+
+static kiln_module_t *module_of(kiln_compiler_t *kc, const kiln_graph_t *g,
+				const char *what);
+
+/* A spec with declared strides. */
+static void spec_strided(gb_t *b, const int64_t *d, const int64_t *st,
+			 uint32_t rank)
+{
+	msgpack_pack_map(&b->pk, 3);
+	s(b, "dtype");
+	s(b, "f32");
+	s(b, "shape");
+	msgpack_pack_array(&b->pk, rank);
+	for (uint32_t i = 0; i < rank; i++)
+		msgpack_pack_int64(&b->pk, d[i]);
+	s(b, "strides");
+	msgpack_pack_array(&b->pk, rank);
+	for (uint32_t i = 0; i < rank; i++)
+		msgpack_pack_int64(&b->pk, st[i]);
+}
+
+/* A qkv projection as attention saves it for its backward: addmm(bias, x,
+ * t(w)) [8, 48], viewed [8, 3, 16], permuted [3, 8, 16] and unbound into
+ * q, k and v ([8, 16], strides [48, 1], as torch declares them); the
+ * graph returns the first n_qkv of them, and relu of the projection where
+ * relu (a reader of the projection besides the views). */
+static kiln_graph_t *qkv_graph(uint32_t n_qkv, bool relu)
+{
+	static const int64_t xs[2] = {8, 16}, ws[2] = {48, 16}, bs[1] = {48},
+			     wt[2] = {16, 48}, wts[2] = {1, 16},
+			     ps[2] = {8, 48}, vs[3] = {8, 3, 16},
+			     pm[3] = {3, 8, 16}, pms[3] = {16, 48, 1},
+			     qs[2] = {8, 16}, qss[2] = {48, 1};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 3);
+	specn(&b, "f32", xs, 2);
+	specn(&b, "f32", ws, 2);
+	specn(&b, "f32", bs, 1);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, relu ? 6 : 5);
+	node_head(&b, "aten.t.default", 1); /* 3 */
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec_strided(&b, wt, wts, 2);
+	node_head(&b, "aten.addmm.default", 3); /* 4 */
+	ref(&b, 2);
+	ref(&b, 0);
+	ref(&b, 3);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", ps, 2);
+	node_head(&b, "aten.view.default", 2); /* 5 */
+	ref(&b, 4);
+	msgpack_pack_array(&b.pk, 3);
+	for (int i = 0; i < 3; i++)
+		msgpack_pack_int64(&b.pk, vs[i]);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", vs, 3);
+	node_head(&b, "aten.permute.default", 2); /* 6 */
+	ref(&b, 5);
+	msgpack_pack_array(&b.pk, 3);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 0);
+	msgpack_pack_int64(&b.pk, 2);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec_strided(&b, pm, pms, 3);
+	node_head(&b, "aten.unbind.int", 1); /* 7, 8, 9 */
+	ref(&b, 6);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 3);
+	for (int i = 0; i < 3; i++)
+		spec_strided(&b, qs, qss, 2);
+	if (relu) {
+		node_head(&b, "aten.relu.default", 1); /* 10 */
+		ref(&b, 4);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", ps, 2);
+	}
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, n_qkv + relu);
+	for (uint32_t i = 0; i < n_qkv; i++)
+		ref(&b, 7 + i);
+	if (relu)
+		ref(&b, 10);
+	kiln_graph_t *g = graph_from_json_like("qkv", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
+/* Outputs that are views of a value the graph computes, all of it (q, k
+ * and v unbound from one projection), are views of one output buffer that
+ * the value is realized into where it is made (lower.c
+ * output_view_bases), not copies computed again at the end into a buffer
+ * each: no kernel writes the unbind's outputs, and the three share one
+ * buffer. Returning only q keeps the copy (realizing all of the
+ * projection for a third of it would cost more). Each against the
+ * interpreter, with relu reading the projection too. */
+Test(fusion, outputs_viewing_all_of_a_value_share_its_buffer)
+{
+	kiln_compiler_t *kc = new_compiler();
+	static const struct {
+		uint32_t n_qkv;
+		bool copied;
+		uint32_t out_buffers;
+	} cases[] = {{3, false, 1}, {1, true, 1}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char what[64];
+		snprintf(what, sizeof(what), "%u of q, k, v returned",
+			 cases[i].n_qkv);
+		kiln_graph_t *g = qkv_graph(cases[i].n_qkv, false);
+		expect_report_has(kc, g, "aten.unbind.int", cases[i].copied,
+				  what);
+		kiln_module_t *m = module_of(kc, g, what);
+		cr_expect_eq(kiln_module_n_out_buffers(m), cases[i].out_buffers,
+			     "%s: %u out buffers", what,
+			     kiln_module_n_out_buffers(m));
+		kiln_module_free(m);
+		kiln_graph_free(g);
+		g = qkv_graph(cases[i].n_qkv, true);
+		expect_matches_interp(kc, g, "default", 170 + i, 1e-5, what);
 		kiln_graph_free(g);
 	}
 	kiln_compiler_free(kc);
@@ -3501,9 +3632,6 @@ Test(dynamic, one_artifact_many_sizes_streaming)
 	cr_assert_eq(kiln_nt_min_bytes(), 0);
 	dynamic_softmax_many_sizes();
 }
-
-static kiln_module_t *module_of(kiln_compiler_t *kc, const kiln_graph_t *g,
-				const char *what);
 
 /* softmax over [s0, 1024], one artifact: its rows run as a wavefront up
  * to 8 MiB, walking each pass from its own column, and one pass after

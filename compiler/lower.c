@@ -952,20 +952,88 @@ bool cir_is_view_op(const char *op)
 	return false;
 }
 
-/* Whether the graph declares value dv contiguous (static sizes). */
-static bool decl_contiguous(const kiln_value_t *dv)
+/* Whether the graph declares value dv dense (static sizes and strides):
+ * its dims of more than one element, by stride, each as far apart as the
+ * ones inside it hold (contiguous, or a permutation of it, as attention's
+ * output [B, H, N, D] laid out [B, N, H, D]). */
+static bool decl_dense(const kiln_value_t *dv)
 {
 	if (!dv->strides_given)
 		return true;
-	int64_t want = 1;
-	for (uint32_t k = dv->rank; k-- > 0;) {
+	int64_t sz[CIR_MAX_RANK], st[CIR_MAX_RANK];
+	uint32_t n = 0;
+	for (uint32_t k = 0; k < dv->rank && k < CIR_MAX_RANK; k++) {
 		if (dv->sizes[k].e != NULL || dv->strides[k].e != NULL)
 			return false;
-		if (dv->sizes[k].c != 1 && dv->strides[k].c != want)
+		if (dv->sizes[k].c == 1)
+			continue;
+		sz[n] = dv->sizes[k].c;
+		st[n++] = dv->strides[k].c;
+	}
+	int64_t want = 1;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t m = i; /* the next smallest stride */
+		for (uint32_t j = i + 1; j < n; j++)
+			if (st[j] < st[m])
+				m = j;
+		if (st[m] != want)
 			return false;
-		want *= dv->sizes[k].c;
+		want *= sz[m];
+		int64_t ts = sz[m], tt = st[m];
+		sz[m] = sz[i], st[m] = st[i];
+		sz[i] = ts, st[i] = tt;
 	}
 	return true;
+}
+
+/* Whether t is a buffer laid out as value dv is declared. */
+static bool has_decl_layout(cctx_t *c, const lt_t *t, const kiln_value_t *dv)
+{
+	if (!t->is_buf || c->bufs[t->buf].kind != CB_TEMP ||
+	    t->rank != dv->rank)
+		return false;
+	for (uint32_t k = 0; k < t->rank; k++)
+		if (!dim_is(t->sizes[k], 1) &&
+		    !dim_eq(t->strides[k], dim_of(ix_dim(c, dv->strides[k]))))
+			return false;
+	return true;
+}
+
+/* Materializes t into a new buffer laid out as value dv is declared
+ * (decl_dense): a pointwise cnode, as lt_realize's, whose buffer takes the
+ * declared strides where they are not the contiguous ones. */
+static int realize_decl_layout(cctx_t *c, lt_t *t, const kiln_value_t *dv,
+			       int32_t node, lt_t **out)
+{
+	const sx_t *body = lt_body(c, t);
+	if (body == NULL)
+		return -ENOMEM;
+	uint32_t b = new_buf(c, CB_TEMP, t->dtype, t->rank, t->sizes);
+	int32_t n = new_cnode(c);
+	if (b == UINT32_MAX || n < 0)
+		return -ENOMEM;
+	cnode_t *cn = &c->nodes[n];
+	cn->buf = b;
+	cn->red = RED_NONE;
+	cn->frank = t->rank;
+	for (uint32_t k = 0; k < t->rank; k++)
+		cn->fsizes[k] = t->sizes[k];
+	cn->body = body;
+	cn->node = node;
+	cbuf_t *cb = &c->bufs[b];
+	cb->producer = n;
+	kiln_dim_t st[CIR_MAX_RANK];
+	contig_strides(c, t->rank, t->sizes, st);
+	for (uint32_t k = 0; k < t->rank; k++) {
+		kiln_dim_t d = dim_of(ix_dim(c, dv->strides[k]));
+		if (!dim_is(t->sizes[k], 1) && !dim_eq(d, st[k]))
+			cb->custom_strides = true;
+	}
+	if (cb->custom_strides)
+		for (uint32_t k = 0; k < t->rank; k++)
+			cb->strides[k] = dim_of(ix_dim(c, dv->strides[k]));
+	*out = lt_buf(c, b);
+	return *out ? 0 : -ENOMEM;
 }
 
 /* The values the graph returns views of, all of each (a qkv projection
@@ -978,8 +1046,8 @@ static bool decl_contiguous(const kiln_value_t *dv)
  * take the buffer. Followed back through view ops from each output, by
  * their self argument, to a value an op makes (not a graph input); marked
  * where those outputs hold at least as many elements as it has and it is
- * declared contiguous, as it is realized (static sizes only). NULL when there
- * is none, or on allocation failure. */
+ * declared dense (it is realized in its declared layout; static sizes
+ * only). NULL when there is none, or on allocation failure. */
 static bool *output_view_bases(cctx_t *c)
 {
 	const kiln_graph_t *g = c->g;
@@ -1033,7 +1101,7 @@ static bool *output_view_bases(cctx_t *c)
 		for (uint32_t k = 0; k < bv->rank; k++)
 			n *= bv->sizes[k].e == NULL ? (double)bv->sizes[k].c
 						    : 0.0;
-		if (n <= 0 || cover[v] < n || !decl_contiguous(bv))
+		if (n <= 0 || cover[v] < n || !decl_dense(bv))
 			continue;
 		if (mark == NULL) {
 			mark = cir_alloc(c, sizeof(bool) * g->n_values);
@@ -1178,8 +1246,15 @@ int lower_graph(cctx_t *c)
 						    k);
 				continue;
 			}
-			if (must_realize(t, c->uses[v]) ||
-			    (base != NULL && base[v] && !t->is_buf)) {
+			if (base != NULL && base[v]) {
+				if (!has_decl_layout(c, t, &g->values[v])) {
+					rc = realize_decl_layout(
+					    c, t, &g->values[v], (int32_t)i,
+					    &c->vals[v]);
+					if (rc != 0)
+						return rc;
+				}
+			} else if (must_realize(t, c->uses[v])) {
 				rc = realize_as_declared(c, t, &g->values[v],
 							 (int32_t)i,
 							 &c->vals[v]);

@@ -269,7 +269,9 @@ int kiln_module_out_sizes(kiln_module_t *m, const kiln_io_t *inputs,
  *
  * outputs[0 .. kiln_module_n_outputs(m)) are filled: a tensor whose data
  * points into an output buffer or into an input (an output may be a view of
- * an input), or an int. They own nothing.
+ * an input), or an int. They own nothing. Several outputs may point into
+ * one output buffer (views of one value, as torch's own would be), so
+ * release the buffers, not the outputs' data.
  *
  * opts may be NULL (default pool, no fallback callback). Kernel steps run in
  * order on the pool; a fallback step calls opts->fallback on this thread.

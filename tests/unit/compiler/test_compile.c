@@ -1824,6 +1824,53 @@ static kiln_graph_t *qkv_graph(uint32_t n_qkv, bool relu)
 	return g;
 }
 
+/* y = x * 2 declared [4, 6, 8] laid out [6, 4, 8] (strides [8, 32, 1], as
+ * attention's output [B, H, N, D] is laid out [B, N, H, D]); the graph
+ * returns detach(y) and relu(transpose(y, 0, 1)) ([6, 4, 8], contiguous,
+ * in y's memory order). */
+static kiln_graph_t *permuted_value_graph(void)
+{
+	static const int64_t xs[3] = {4, 6, 8}, ys[3] = {4, 6, 8},
+			     yst[3] = {8, 32, 1}, ts[3] = {6, 4, 8},
+			     tst[3] = {32, 8, 1};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 1);
+	specn(&b, "f32", xs, 3);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 4);
+	node_head(&b, "aten.mul.Tensor", 2); /* 1 */
+	ref(&b, 0);
+	msgpack_pack_double(&b.pk, 2.0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec_strided(&b, ys, yst, 3);
+	node_head(&b, "aten.detach.default", 1); /* 2 */
+	ref(&b, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec_strided(&b, ys, yst, 3);
+	node_head(&b, "aten.transpose.int", 3); /* 3 */
+	ref(&b, 1);
+	msgpack_pack_int64(&b.pk, 0);
+	msgpack_pack_int64(&b.pk, 1);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec_strided(&b, ts, tst, 3);
+	node_head(&b, "aten.relu.default", 1); /* 4 */
+	ref(&b, 3);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", ts, 3);
+	s(&b, "outputs");
+	msgpack_pack_array(&b.pk, 2);
+	ref(&b, 2);
+	ref(&b, 4);
+	kiln_graph_t *g = graph_from_json_like("permuted value", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
 /* Outputs that are views of a value the graph computes, all of it (q, k
  * and v unbound from one projection), are views of one output buffer that
  * the value is realized into where it is made (lower.c
@@ -1831,7 +1878,8 @@ static kiln_graph_t *qkv_graph(uint32_t n_qkv, bool relu)
  * each: no kernel writes the unbind's outputs, and the three share one
  * buffer. Returning only q keeps the copy (realizing all of the
  * projection for a third of it would cost more). Each against the
- * interpreter, with relu reading the projection too. */
+ * interpreter, with relu reading the projection too. A value declared in
+ * another dense layout (attention's output) is realized in that layout. */
 Test(fusion, outputs_viewing_all_of_a_value_share_its_buffer)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -1857,6 +1905,13 @@ Test(fusion, outputs_viewing_all_of_a_value_share_its_buffer)
 		expect_matches_interp(kc, g, "default", 170 + i, 1e-5, what);
 		kiln_graph_free(g);
 	}
+	/* a value declared in another dense layout is realized in it: the
+	 * detached output is a view of it, no copy at the end */
+	kiln_graph_t *g = permuted_value_graph();
+	expect_report_has(kc, g, "aten.detach.default", false,
+			  "permuted value");
+	expect_matches_interp(kc, g, "default", 172, 0, "permuted value");
+	kiln_graph_free(g);
 	kiln_compiler_free(kc);
 }
 

@@ -33,6 +33,7 @@ backward and an SGD step; inference runs under torch.no_grad().
 import argparse
 import copy
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -287,6 +288,8 @@ def main():
     os.environ["KILN_THREADS"] = str(a.threads)
     from tests.integration.conftest import Kilnd
     work = tempfile.mkdtemp(prefix="bench_models-")
+    # a SIGTERM unwinds like ^C: the kilnd started here is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     d = Kilnd(work, store_dir=os.path.join(work, "store"), args=["--workers", "2"],
               env={"KILN_COMPILE_THREADS": ""}, socket_path=os.path.join(work, "k.sock"))
     d.start()

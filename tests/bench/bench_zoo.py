@@ -26,6 +26,7 @@ over its concatenations: compiler/README.md, "load_guarded_row").
 import argparse
 import copy
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -339,6 +340,8 @@ def main():
     sys.path.insert(0, ROOT)
     from tests.integration.conftest import Kilnd
     work = tempfile.mkdtemp(prefix="bench_zoo-")
+    # a SIGTERM unwinds like ^C: the kilnd started here is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     d = Kilnd(work, store_dir=os.path.join(work, "store"), args=["--workers", "2"],
               env={"KILN_COMPILE_THREADS": ""}, socket_path=os.path.join(work, "k.sock"))
     d.start()

@@ -444,6 +444,9 @@ int32_t new_cnode(cctx_t *c);
 
 /* Whether op only views its self argument (compile.c's outputs, lower.c). */
 bool cir_is_view_op(const char *op);
+/* The value v views: back from v through view ops, by their self
+ * argument, to the first value no view op made (v itself if none did). */
+uint32_t cir_view_base(const kiln_graph_t *g, uint32_t v);
 /* Lowers every node of the graph; fills c->vals. */
 int lower_graph(cctx_t *c);
 

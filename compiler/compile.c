@@ -240,6 +240,13 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 {
 	const kiln_graph_t *g = c->g;
 	uint32_t n_out_bufs = 0;
+	/* owner[b]: 1 + the value whose storage output buffer b is (the
+	 * base its outputs view, cir_view_base); each output adds at most
+	 * two buffers */
+	uint32_t n_owner = c->n_bufs + 2 * g->n_outputs + 1;
+	uint32_t *owner = cir_alloc(c, sizeof(uint32_t) * n_owner);
+	if (owner == NULL)
+		return -ENOMEM;
 	for (uint32_t i = 0; i < g->n_outputs; i++) {
 		const kiln_arg_t *o = &g->outputs[i];
 		outs[i] = NULL;
@@ -252,14 +259,14 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 				       "output %u: value %u is not a tensor", i,
 				       v);
 		/* an output is a view of an input only when the graph made
-		 * it one (a view op); otherwise it is computed into a buffer
-		 * laid out with the declared strides (AOTAutograd and the
-		 * graphs that consume it, e.g. a backward, rely on them) */
-		bool input_view = false;
-		if (t->is_buf && c->bufs[t->buf].kind == CB_INPUT) {
-			int32_t p = g->values[v].producer;
-			input_view = p < 0 || cir_is_view_op(g->nodes[p].op);
-		}
+		 * it one (view ops all the way back to the input); otherwise
+		 * it is computed into a buffer laid out with the declared
+		 * strides (AOTAutograd and the graphs that consume it, e.g. a
+		 * backward, rely on them) */
+		uint32_t base = cir_view_base(g, v);
+		bool input_view = t->is_buf &&
+				  c->bufs[t->buf].kind == CB_INPUT &&
+				  g->values[base].producer < 0;
 		if (!input_view) {
 			const kiln_value_t *dv = &g->values[v];
 			kiln_dim_t want[CIR_MAX_RANK];
@@ -272,7 +279,15 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 				same = dim_is(t->sizes[k], 1) ||
 				       dim_is(t->sizes[k], 0) ||
 				       dim_eq(t->strides[k], want[k]);
-			if (!same && wants_nhwc(c, dv, t)) {
+			/* a buffer another value's outputs are views of (a
+			 * clone's, lowered as the value itself) is torch's
+			 * storage of that value, not this one's: a copy */
+			bool taken = t->is_buf && t->buf < n_owner &&
+				     owner[t->buf] != 0 &&
+				     owner[t->buf] != base + 1;
+			if (taken)
+				same = false;
+			if (!same && !taken && wants_nhwc(c, dv, t)) {
 				/* written in NHWC order: a view of a new
 				 * buffer (or of t's own where t is one) */
 				int rc = lt_realize_nhwc(
@@ -312,6 +327,9 @@ static int lower_outputs(cctx_t *c, lt_t **outs)
 			b->is_output = true;
 			b->out_index = (int32_t)n_out_bufs++;
 		}
+		if (b->kind == CB_TEMP && t->buf < n_owner &&
+		    owner[t->buf] == 0)
+			owner[t->buf] = base + 1;
 		outs[i] = t;
 	}
 	return 0;

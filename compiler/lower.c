@@ -797,6 +797,20 @@ static bool must_realize(const lt_t *t, uint32_t uses)
 	return false;
 }
 
+uint32_t cir_view_base(const kiln_graph_t *g, uint32_t v)
+{
+	for (;;) {
+		int32_t p = g->values[v].producer;
+		if (p < 0 || (uint32_t)p >= g->n_nodes ||
+		    !cir_is_view_op(g->nodes[p].op) ||
+		    g->nodes[p].n_args == 0 ||
+		    g->nodes[p].args[0].kind != KILN_ARG_REF ||
+		    g->nodes[p].args[0].u.ref >= v)
+			return v;
+		v = g->nodes[p].args[0].u.ref;
+	}
+}
+
 /* Whether the graph declares value dv dense channels-last: rank 4 with
  * static strides [H·W·C, 1, W·C, C] (any stride on a dim of size 1),
  * more than one channel, more than one position: eager's layout for a
@@ -986,15 +1000,19 @@ static bool decl_dense(const kiln_value_t *dv)
 	return true;
 }
 
-/* Whether t is a buffer laid out as value dv is declared. */
+/* Whether t is all of a buffer, laid out as value dv is declared. */
 static bool has_decl_layout(cctx_t *c, const lt_t *t, const kiln_value_t *dv)
 {
-	if (!t->is_buf || c->bufs[t->buf].kind != CB_TEMP ||
-	    t->rank != dv->rank)
+	if (!t->is_buf)
+		return false;
+	const cbuf_t *b = &c->bufs[t->buf];
+	if (b->kind != CB_TEMP || t->rank != dv->rank || b->rank != t->rank ||
+	    !dim_is(t->offset, 0))
 		return false;
 	for (uint32_t k = 0; k < t->rank; k++)
-		if (!dim_is(t->sizes[k], 1) &&
-		    !dim_eq(t->strides[k], dim_of(ix_dim(c, dv->strides[k]))))
+		if (!dim_eq(t->sizes[k], b->sizes[k]) ||
+		    (!dim_is(t->sizes[k], 1) &&
+		     !dim_eq(t->strides[k], dim_of(ix_dim(c, dv->strides[k])))))
 			return false;
 	return true;
 }
@@ -1059,21 +1077,9 @@ static bool *output_view_bases(cctx_t *c)
 		uint32_t w = g->outputs[i].u.ref;
 		if (w >= g->n_values || g->values[w].kind != KILN_VAL_TENSOR)
 			continue;
-		uint32_t u = w, chain = 0;
-		for (;;) {
-			int32_t p = g->values[u].producer;
-			if (p < 0 || (uint32_t)p >= g->n_nodes ||
-			    !cir_is_view_op(g->nodes[p].op) ||
-			    g->nodes[p].n_args == 0 ||
-			    g->nodes[p].args[0].kind != KILN_ARG_REF ||
-			    g->nodes[p].args[0].u.ref >= u)
-				break;
-			u = g->nodes[p].args[0].u.ref;
-			chain++;
-		}
+		uint32_t u = cir_view_base(g, w);
 		const kiln_value_t *bv = &g->values[u];
-		if (chain == 0 || bv->producer < 0 ||
-		    bv->kind != KILN_VAL_TENSOR)
+		if (u == w || bv->producer < 0 || bv->kind != KILN_VAL_TENSOR)
 			continue;
 		if (cover == NULL) {
 			cover = cir_alloc(c, sizeof(double) * g->n_values);
@@ -1247,10 +1253,16 @@ int lower_graph(cctx_t *c)
 				continue;
 			}
 			if (base != NULL && base[v]) {
-				if (!has_decl_layout(c, t, &g->values[v])) {
-					rc = realize_decl_layout(
-					    c, t, &g->values[v], (int32_t)i,
-					    &c->vals[v]);
+				const kiln_value_t *dv = &g->values[v];
+				if (!has_decl_layout(c, t, dv)) {
+					/* channels-last in NHWC order */
+					rc = wants_nhwc(c, dv, t)
+						 ? lt_realize_nhwc(c, t,
+								   (int32_t)i,
+								   &c->vals[v])
+						 : realize_decl_layout(
+						       c, t, dv, (int32_t)i,
+						       &c->vals[v]);
 					if (rc != 0)
 						return rc;
 				}

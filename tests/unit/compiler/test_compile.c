@@ -1871,6 +1871,65 @@ static kiln_graph_t *permuted_value_graph(void)
 	return g;
 }
 
+/* clone_of: y = x * 3 [4, 6]; the graph returns view(y, [24]) and
+ * clone(y). Else: the graph returns slice(clone(x), 0, 0, 2). */
+static kiln_graph_t *clone_graph(bool clone_of)
+{
+	static const int64_t xs[2] = {4, 6}, fl[1] = {24}, sl[2] = {2, 6},
+			     sls[2] = {6, 1};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 1);
+	specn(&b, "f32", xs, 2);
+	s(&b, "nodes");
+	if (clone_of) {
+		msgpack_pack_array(&b.pk, 3);
+		node_head(&b, "aten.mul.Tensor", 2); /* 1 */
+		ref(&b, 0);
+		msgpack_pack_double(&b.pk, 3.0);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", xs, 2);
+		node_head(&b, "aten.view.default", 2); /* 2 */
+		ref(&b, 1);
+		msgpack_pack_array(&b.pk, 1);
+		msgpack_pack_int64(&b.pk, 24);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", fl, 1);
+		node_head(&b, "aten.clone.default", 1); /* 3 */
+		ref(&b, 1);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", xs, 2);
+		s(&b, "outputs");
+		msgpack_pack_array(&b.pk, 2);
+		ref(&b, 2);
+		ref(&b, 3);
+	} else {
+		msgpack_pack_array(&b.pk, 2);
+		node_head(&b, "aten.clone.default", 1); /* 1 */
+		ref(&b, 0);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		specn(&b, "f32", xs, 2);
+		node_head(&b, "aten.slice.Tensor", 4); /* 2 */
+		ref(&b, 1);
+		msgpack_pack_int64(&b.pk, 0);
+		msgpack_pack_int64(&b.pk, 0);
+		msgpack_pack_int64(&b.pk, 2);
+		s(&b, "out");
+		msgpack_pack_array(&b.pk, 1);
+		spec_strided(&b, sl, sls, 2);
+		s(&b, "outputs");
+		msgpack_pack_array(&b.pk, 1);
+		ref(&b, 2);
+	}
+	kiln_graph_t *g = graph_from_json_like("clone", &b.sb);
+	msgpack_sbuffer_destroy(&b.sb);
+	return g;
+}
+
 /* Outputs that are views of a value the graph computes, all of it (q, k
  * and v unbound from one projection), are views of one output buffer that
  * the value is realized into where it is made (lower.c
@@ -1879,7 +1938,9 @@ static kiln_graph_t *permuted_value_graph(void)
  * buffer. Returning only q keeps the copy (realizing all of the
  * projection for a third of it would cost more). Each against the
  * interpreter, with relu reading the projection too. A value declared in
- * another dense layout (attention's output) is realized in that layout. */
+ * another dense layout (attention's output) is realized in that layout.
+ * A clone's output never shares the storage of the value it copies, nor of
+ * an input. */
 Test(fusion, outputs_viewing_all_of_a_value_share_its_buffer)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -1912,6 +1973,20 @@ Test(fusion, outputs_viewing_all_of_a_value_share_its_buffer)
 			  "permuted value");
 	expect_matches_interp(kc, g, "default", 172, 0, "permuted value");
 	kiln_graph_free(g);
+	/* a clone's output has storage of its own, as in torch: a view of
+	 * y and clone(y) take two buffers, and slice(clone(x)) is not a
+	 * view of the input x */
+	for (int k = 0; k < 2; k++) {
+		const char *what = k ? "view(y), clone(y)" : "slice(clone(x))";
+		g = clone_graph(k != 0);
+		kiln_module_t *m = module_of(kc, g, what);
+		cr_expect_eq(kiln_module_n_out_buffers(m), k ? 2u : 1u,
+			     "%s: %u out buffers", what,
+			     kiln_module_n_out_buffers(m));
+		kiln_module_free(m);
+		expect_matches_interp(kc, g, "default", 173 + k, 0, what);
+		kiln_graph_free(g);
+	}
 	kiln_compiler_free(kc);
 }
 

@@ -228,22 +228,11 @@ void set_var_ranges(cctx_t *c, uint32_t rank, const kiln_dim_t *sizes)
 	}
 }
 
-int lt_realize(cctx_t *c, lt_t *t, int32_t node, lt_t **out)
+/* t written by a new pointwise cnode into a new buffer, laid out with
+ * strides where they are given (NULL: contiguous). */
+static int realize_new(cctx_t *c, lt_t *t, int32_t node,
+		       const kiln_dim_t *strides, lt_t **out)
 {
-	if (t->is_buf && c->bufs[t->buf].kind == CB_TEMP) {
-		/* already a contiguous buffer? */
-		kiln_dim_t st[CIR_MAX_RANK];
-		contig_strides(c, t->rank, t->sizes, st);
-		bool contig =
-		    dim_is(t->offset, 0) && c->bufs[t->buf].rank == t->rank;
-		for (uint32_t k = 0; k < t->rank && contig; k++)
-			contig = dim_eq(st[k], t->strides[k]) &&
-				 dim_eq(t->sizes[k], c->bufs[t->buf].sizes[k]);
-		if (contig) {
-			*out = t;
-			return 0;
-		}
-	}
 	const sx_t *body = lt_body(c, t);
 	if (body == NULL)
 		return -ENOMEM;
@@ -260,8 +249,32 @@ int lt_realize(cctx_t *c, lt_t *t, int32_t node, lt_t **out)
 	cn->body = body;
 	cn->node = node;
 	c->bufs[b].producer = n;
+	if (strides != NULL) {
+		for (uint32_t k = 0; k < t->rank; k++)
+			c->bufs[b].strides[k] = strides[k];
+		c->bufs[b].custom_strides = true;
+	}
 	*out = lt_buf(c, b);
 	return *out ? 0 : -ENOMEM;
+}
+
+int lt_realize(cctx_t *c, lt_t *t, int32_t node, lt_t **out)
+{
+	if (t->is_buf && c->bufs[t->buf].kind == CB_TEMP) {
+		/* already a contiguous buffer? */
+		kiln_dim_t st[CIR_MAX_RANK];
+		contig_strides(c, t->rank, t->sizes, st);
+		bool contig =
+		    dim_is(t->offset, 0) && c->bufs[t->buf].rank == t->rank;
+		for (uint32_t k = 0; k < t->rank && contig; k++)
+			contig = dim_eq(st[k], t->strides[k]) &&
+				 dim_eq(t->sizes[k], c->bufs[t->buf].sizes[k]);
+		if (contig) {
+			*out = t;
+			return 0;
+		}
+	}
+	return realize_new(c, t, node, NULL, out);
 }
 
 int lt_reduce(cctx_t *c, const lt_t *t, uint32_t rmask, bool keepdim,
@@ -1018,40 +1031,19 @@ static bool has_decl_layout(cctx_t *c, const lt_t *t, const kiln_value_t *dv)
 }
 
 /* Materializes t into a new buffer laid out as value dv is declared
- * (decl_dense): a pointwise cnode, as lt_realize's, whose buffer takes the
- * declared strides where they are not the contiguous ones. */
+ * (decl_dense): custom strides where they are not the contiguous ones. */
 static int realize_decl_layout(cctx_t *c, lt_t *t, const kiln_value_t *dv,
 			       int32_t node, lt_t **out)
 {
-	const sx_t *body = lt_body(c, t);
-	if (body == NULL)
-		return -ENOMEM;
-	uint32_t b = new_buf(c, CB_TEMP, t->dtype, t->rank, t->sizes);
-	int32_t n = new_cnode(c);
-	if (b == UINT32_MAX || n < 0)
-		return -ENOMEM;
-	cnode_t *cn = &c->nodes[n];
-	cn->buf = b;
-	cn->red = RED_NONE;
-	cn->frank = t->rank;
-	for (uint32_t k = 0; k < t->rank; k++)
-		cn->fsizes[k] = t->sizes[k];
-	cn->body = body;
-	cn->node = node;
-	cbuf_t *cb = &c->bufs[b];
-	cb->producer = n;
-	kiln_dim_t st[CIR_MAX_RANK];
+	kiln_dim_t st[CIR_MAX_RANK], want[CIR_MAX_RANK];
 	contig_strides(c, t->rank, t->sizes, st);
+	bool custom = false;
 	for (uint32_t k = 0; k < t->rank; k++) {
-		kiln_dim_t d = dim_of(ix_dim(c, dv->strides[k]));
-		if (!dim_is(t->sizes[k], 1) && !dim_eq(d, st[k]))
-			cb->custom_strides = true;
+		want[k] = dim_of(ix_dim(c, dv->strides[k]));
+		if (!dim_is(t->sizes[k], 1) && !dim_eq(want[k], st[k]))
+			custom = true;
 	}
-	if (cb->custom_strides)
-		for (uint32_t k = 0; k < t->rank; k++)
-			cb->strides[k] = dim_of(ix_dim(c, dv->strides[k]));
-	*out = lt_buf(c, b);
-	return *out ? 0 : -ENOMEM;
+	return realize_new(c, t, node, custom ? want : NULL, out);
 }
 
 /* The values the graph returns views of, all of each (a qkv projection

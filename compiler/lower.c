@@ -1046,6 +1046,15 @@ static int realize_decl_layout(cctx_t *c, lt_t *t, const kiln_value_t *dv,
 	return realize_new(c, t, node, custom ? want : NULL, out);
 }
 
+/* Value dv's element count, 0 where a size is symbolic. */
+static double static_numel(const kiln_value_t *dv)
+{
+	double n = 1;
+	for (uint32_t k = 0; k < dv->rank; k++)
+		n *= dv->sizes[k].e == NULL ? (double)dv->sizes[k].c : 0.0;
+	return n;
+}
+
 /* The values the graph returns views of, all of each (a qkv projection
  * whose unbind gives the q, k and v saved for attention's backward, a
  * linear layer's output saved through a view for gelu's): marked so that
@@ -1082,12 +1091,7 @@ static bool *output_view_bases(cctx_t *c)
 		if (seen[w])
 			continue;
 		seen[w] = true;
-		const kiln_value_t *wv = &g->values[w];
-		double n = 1;
-		for (uint32_t k = 0; k < wv->rank; k++)
-			n *= wv->sizes[k].e == NULL ? (double)wv->sizes[k].c
-						    : 0.0;
-		cover[u] += n;
+		cover[u] += static_numel(&g->values[w]);
 	}
 	if (cover == NULL)
 		return NULL;
@@ -1095,10 +1099,7 @@ static bool *output_view_bases(cctx_t *c)
 		if (cover[v] <= 0)
 			continue;
 		const kiln_value_t *bv = &g->values[v];
-		double n = 1;
-		for (uint32_t k = 0; k < bv->rank; k++)
-			n *= bv->sizes[k].e == NULL ? (double)bv->sizes[k].c
-						    : 0.0;
+		double n = static_numel(bv);
 		if (n <= 0 || cover[v] < n || !decl_dense(bv))
 			continue;
 		if (mark == NULL) {

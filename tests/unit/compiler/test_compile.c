@@ -1734,7 +1734,7 @@ Test(fusion, few_columns_against_a_large_a_stream_it)
 static kiln_module_t *module_of(kiln_compiler_t *kc, const kiln_graph_t *g,
 				const char *what);
 
-/* A spec with declared strides. */
+/* An f32 spec {dtype, shape, strides}. */
 static void spec_strided(gb_t *b, const int64_t *d, const int64_t *st,
 			 uint32_t rank)
 {
@@ -2573,17 +2573,7 @@ Test(conv, direct_weight_gradient_matches_the_interpreter, .timeout = 120)
 /* A spec {dtype, shape, strides} of rank 4. */
 static void spec4_strided(gb_t *b, const int64_t *d, const int64_t *st)
 {
-	msgpack_pack_map(&b->pk, 3);
-	s(b, "dtype");
-	s(b, "f32");
-	s(b, "shape");
-	msgpack_pack_array(&b->pk, 4);
-	for (int i = 0; i < 4; i++)
-		msgpack_pack_int64(&b->pk, d[i]);
-	s(b, "strides");
-	msgpack_pack_array(&b->pk, 4);
-	for (int i = 0; i < 4; i++)
-		msgpack_pack_int64(&b->pk, st[i]);
+	spec_strided(b, d, st, 4);
 }
 
 /* permute(t, [0, 3, 1, 2]) of input t [N, H, W, C]: the [N, C, H, W] view

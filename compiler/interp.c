@@ -20,6 +20,7 @@
  *
  * Threads: any thread; a run shares nothing with another run.
  */
+#include "compiler/cir.h"
 #include "compiler/interp_internal.h"
 
 #include <errno.h>
@@ -1355,6 +1356,49 @@ static int check_outputs(run_t *r, ictx_t *c)
 	return 0;
 }
 
+/* Lays out x, an op's new value, as value v is declared (torch's storage of
+ * it: offset 0, the declared strides; a channels-last product), where its
+ * layout differs and the declared one does not overlap: as_strided views
+ * read the storage so. */
+static int restride_as_declared(run_t *r, const kiln_value_t *v, it_t *x)
+{
+	if (x->buf == NULL || x->rank != v->rank || kiln__i_numel(x) == 0)
+		return 0;
+	int64_t st[KI_MAXR], extent = 1;
+	bool same = x->off == 0;
+	for (uint32_t d = 0; d < x->rank; d++) {
+		if (dim_eval(r, &v->strides[d], &st[d]) < 0 || st[d] < 0 ||
+		    (st[d] == 0 && x->size[d] > 1))
+			return 0;
+		same = same && (x->size[d] == 1 || st[d] == x->stride[d]);
+		if (st[d] > 0 &&
+		    x->size[d] - 1 > (KI_MAX_ELEMS - extent) / st[d])
+			return 0;
+		extent += (x->size[d] - 1) * st[d];
+	}
+	if (same)
+		return 0;
+	kiln__ibuf_t *b = buf_new(x->dt, extent);
+	if (b == NULL)
+		return -ENOMEM;
+	int64_t idx[KI_MAXR] = {0};
+	do {
+		int64_t dst = 0;
+		for (uint32_t d = 0; d < x->rank; d++)
+			dst += idx[d] * st[d];
+		int64_t src = ki_off(x, idx);
+		if (b->f)
+			b->f[dst] = x->buf->f[src];
+		else
+			b->i[dst] = x->buf->i[src];
+	} while (ki_next(idx, x->size, x->rank));
+	kiln__i_release(x);
+	x->buf = b;
+	x->off = 0;
+	memcpy(x->stride, st, sizeof(int64_t) * x->rank);
+	return 0;
+}
+
 static void mark_uses(const kiln_arg_t *a, uint32_t ni, uint32_t *last)
 {
 	if (a->kind == KILN_ARG_REF)
@@ -1399,6 +1443,10 @@ static int run_node(run_t *r, uint32_t ni)
 	int rc = op->fn(&c, op->code);
 	if (rc == 0)
 		rc = check_outputs(r, &c);
+	for (uint32_t k = 0;
+	     rc == 0 && !cir_is_view_op(nd->op) && k < nd->n_out; k++)
+		rc = restride_as_declared(r, &r->g->values[nd->out_first + k],
+					  &c.out[k]);
 	for (uint32_t k = 0; k < nd->n_out; k++) {
 		if (rc == 0) {
 			r->vals[nd->out_first + k] = c.out[k];

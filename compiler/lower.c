@@ -1030,8 +1030,9 @@ static bool has_decl_layout(cctx_t *c, const lt_t *t, const kiln_value_t *dv)
 	return true;
 }
 
-/* Materializes t into a new buffer laid out as value dv is declared
- * (decl_dense): custom strides where they are not the contiguous ones. */
+/* Materializes t into a new buffer laid out as value dv is declared:
+ * custom strides where they are not the contiguous ones (the buffer spans
+ * their extent; gaps stay unwritten). */
 static int realize_decl_layout(cctx_t *c, lt_t *t, const kiln_value_t *dv,
 			       int32_t node, lt_t **out)
 {
@@ -1044,6 +1045,38 @@ static int realize_decl_layout(cctx_t *c, lt_t *t, const kiln_value_t *dv,
 			custom = true;
 	}
 	return realize_new(c, t, node, custom ? want : NULL, out);
+}
+
+/* Value v's torch storage, as a buffer: *out is v's view base
+ * (cir_view_base) laid out as the graph declares it, so that torch's
+ * storage offset s is element out->offset + s of out->buf (an as_strided
+ * view of clone(slice(x)), whose clone kiln lowers to the slice itself,
+ * or of a lazy value, reads there). A base that is not so already is
+ * realized in its declared layout where n is lowered (gaps there, as in
+ * torch's storage, stay unwritten), and later readers take that buffer. */
+int lstorage(lnode_t *n, uint32_t v, lt_t **out)
+{
+	cctx_t *c = n->c;
+	const kiln_graph_t *g = c->g;
+	uint32_t b = cir_view_base(g, v);
+	const kiln_value_t *dv = &g->values[b];
+	lt_t *t = c->vals[b];
+	if (t == NULL || dv->kind != KILN_VAL_TENSOR)
+		return lerr(n, KILN_EINVGRAPH, "value %u has no tensor", b);
+	bool as_declared = t->is_buf && t->rank == dv->rank;
+	for (uint32_t k = 0; as_declared && k < t->rank; k++)
+		as_declared =
+		    dim_eq(t->sizes[k], dim_of(ix_dim(c, dv->sizes[k]))) &&
+		    (dim_is(t->sizes[k], 1) ||
+		     dim_eq(t->strides[k], dim_of(ix_dim(c, dv->strides[k]))));
+	if (as_declared) {
+		*out = t;
+		return 0;
+	}
+	int rc = realize_decl_layout(c, t, dv, (int32_t)n->index, &c->vals[b]);
+	if (rc == 0)
+		*out = c->vals[b];
+	return rc;
 }
 
 /* Value dv's element count, 0 where a size is symbolic. */

@@ -135,4 +135,9 @@ int realize_as_declared(cctx_t *c, lt_t *t, const kiln_value_t *dv,
  * W] view of it (channels-last strides). */
 int lt_realize_nhwc(cctx_t *c, lt_t *t, int32_t node, lt_t **out);
 
+/* Value v's torch storage: its view base, a buffer laid out as declared
+ * (realized so where it is not), torch's storage offset s at element
+ * out->offset + s (lower.c). */
+int lstorage(lnode_t *n, uint32_t v, lt_t **out);
+
 #endif

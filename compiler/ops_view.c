@@ -1227,11 +1227,6 @@ int low_as_strided(cctx_t *c, lnode_t *n)
 	int rc = ltensor(n, 0, "self", &x);
 	if (rc != 0)
 		return rc;
-	if (!x->is_buf) {
-		rc = lt_realize(c, x, (int32_t)n->index, &x);
-		if (rc != 0)
-			return rc;
-	}
 	const kiln_expr_t *sz[CIR_MAX_RANK], *st[CIR_MAX_RANK];
 	uint32_t ns, nt;
 	rc = lsizelist(n, 1, "size", sz, &ns);
@@ -1245,12 +1240,21 @@ int low_as_strided(cctx_t *c, lnode_t *n)
 	/* _reshape_alias (param 1) keeps the input's offset */
 	const kiln_arg_t *oa =
 	    n->param == 1 ? NULL : larg(n, 3, "storage_offset");
-	const kiln_expr_t *off = ix_const(c, 0);
+	const kiln_expr_t *off;
 	if (oa != NULL && oa->kind != KILN_ARG_NIL) {
+		/* counted from self's storage: its view base's buffer */
 		rc = lsymint(n, oa, &off);
+		if (rc == 0)
+			rc = lstorage(n, larg(n, 0, "self")->u.ref, &x);
 		if (rc != 0)
 			return rc;
+		off = ix_add(c, ix_dim(c, x->offset), off);
 	} else {
+		if (!x->is_buf) {
+			rc = lt_realize(c, x, (int32_t)n->index, &x);
+			if (rc != 0)
+				return rc;
+		}
 		off = ix_dim(c, x->offset);
 	}
 	lt_t *u = lt_new(c, x->dtype, ns, x->sizes);

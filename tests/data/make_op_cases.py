@@ -908,6 +908,20 @@ def build_views():
     seed("as_strided")
     case("as_strided", "default", lambda x: A.as_strided.default(x, [2, 2], [1, 2], 1), U(3, 3))
     case("as_strided", "overlap", lambda x: A.as_strided.default(x, [3, 3], [1, 1]), U(6))
+    # the storage offset counts from self's storage: a clone's own (kiln
+    # lowers clone of a slice to the slice), a lazy value's, a channels-last
+    # value's (in its declared order)
+    case("as_strided", "clone_of_slice",
+         lambda a, b: A.mul.Tensor(A.as_strided.default(
+             A.clone.default(A.slice.Tensor(A.mm.default(a, b), 0, 2, 4)), [2, 6], [6, 1], 0), 2.0),
+         U(6, 5), U(5, 6))
+    case("as_strided", "lazy_offset",
+         lambda x: A.mul.Tensor(A.as_strided.default(
+             A.slice.Tensor(A.add.Tensor(x, 1.0), 0, 2, 4), [2, 5], [5, 1], 10), 2.0),
+         U(6, 5))
+    case("as_strided", "channels_last",
+         lambda x: A.add.Tensor(A.as_strided.default(A.mul.Tensor(x, 3.0), [2, 60], [60, 1], 0), 1.0),
+         U(2, 3, 4, 5).contiguous(memory_format=torch.channels_last))
 
 
 def build_dynamic():

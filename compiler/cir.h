@@ -380,6 +380,9 @@ kiln_dim_t dim_add(cctx_t *c, kiln_dim_t a, kiln_dim_t b);
 /* Whether e's value is known to lie in [*lo, *hi] under the known var
  * ranges (c->var_known, var_size) */
 bool ix_bounds(cctx_t *c, const kiln_expr_t *e, int64_t *lo, int64_t *hi);
+/* Whether e's value is known to be at least *lo (symbols from their min;
+ * no upper bound needed). */
+bool ix_lower_bound(cctx_t *c, const kiln_expr_t *e, int64_t *lo);
 const kiln_expr_t *ix_subst(cctx_t *c, const kiln_expr_t *e,
 			    const kiln_expr_t *const *map, uint32_t n);
 /* Whether e is affine in VAR v with a constant coefficient (*coef). */

@@ -1029,6 +1029,13 @@ bool ix_bounds(cctx_t *c, const kiln_expr_t *e, int64_t *lo, int64_t *hi)
 	return r.lo_ok && r.hi_ok;
 }
 
+bool ix_lower_bound(cctx_t *c, const kiln_expr_t *e, int64_t *lo)
+{
+	range_t r = rng_of(c, e);
+	*lo = r.lo;
+	return r.lo_ok;
+}
+
 const kiln_expr_t *ix_subst(cctx_t *c, const kiln_expr_t *e,
 			    const kiln_expr_t *const *map, uint32_t n)
 {

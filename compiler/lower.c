@@ -979,36 +979,37 @@ bool cir_is_view_op(const char *op)
 	return false;
 }
 
-/* Whether the graph declares value dv dense (static sizes and strides):
- * its dims of more than one element, by stride, each as far apart as the
- * ones inside it hold (contiguous, or a permutation of it, as attention's
- * output [B, H, N, D] laid out [B, N, H, D]). */
-static bool decl_dense(const kiln_value_t *dv)
+/* Whether the graph declares value dv dense: its dims of more than one
+ * element, by stride, each as far apart as the ones inside it hold
+ * (contiguous, or a permutation of it, as attention's output [B, H, N, D]
+ * laid out [B, N, H, D]). Symbolic sizes and strides compare as
+ * expressions: the dims are taken innermost first, each the one whose
+ * stride is the element count of those taken (a symbolic size is more
+ * than one element: torch specializes 0 and 1). */
+static bool decl_dense(cctx_t *c, const kiln_value_t *dv)
 {
 	if (!dv->strides_given)
 		return true;
-	int64_t sz[CIR_MAX_RANK], st[CIR_MAX_RANK];
-	uint32_t n = 0;
+	bool taken[CIR_MAX_RANK] = {false};
+	uint32_t left = 0;
 	for (uint32_t k = 0; k < dv->rank && k < CIR_MAX_RANK; k++) {
-		if (dv->sizes[k].e != NULL || dv->strides[k].e != NULL)
-			return false;
-		if (dv->sizes[k].c == 1)
-			continue;
-		sz[n] = dv->sizes[k].c;
-		st[n++] = dv->strides[k].c;
+		taken[k] = dv->sizes[k].e == NULL && dv->sizes[k].c == 1;
+		left += !taken[k];
 	}
-	int64_t want = 1;
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t m = i; /* the next smallest stride */
-		for (uint32_t j = i + 1; j < n; j++)
-			if (st[j] < st[m])
-				m = j;
-		if (st[m] != want)
+	if (dv->rank > CIR_MAX_RANK)
+		return false;
+	kiln_dim_t want = dim_const(1);
+	while (left > 0) {
+		uint32_t k = 0;
+		while (k < dv->rank &&
+		       (taken[k] ||
+			!dim_eq(dim_of(ix_dim(c, dv->strides[k])), want)))
+			k++;
+		if (k == dv->rank)
 			return false;
-		want *= sz[m];
-		int64_t ts = sz[m], tt = st[m];
-		sz[m] = sz[i], st[m] = st[i];
-		sz[i] = ts, st[i] = tt;
+		taken[k] = true;
+		left--;
+		want = dim_mul(c, want, dim_of(ix_dim(c, dv->sizes[k])));
 	}
 	return true;
 }
@@ -1079,12 +1080,12 @@ int lstorage(lnode_t *n, uint32_t v, lt_t **out)
 	return rc;
 }
 
-/* Value dv's element count, 0 where a size is symbolic. */
-static double static_numel(const kiln_value_t *dv)
+/* Value dv's element count, an expression in the graph's symbols. */
+static const kiln_expr_t *numel_ix(cctx_t *c, const kiln_value_t *dv)
 {
-	double n = 1;
+	const kiln_expr_t *n = ix_const(c, 1);
 	for (uint32_t k = 0; k < dv->rank; k++)
-		n *= dv->sizes[k].e == NULL ? (double)dv->sizes[k].c : 0.0;
+		n = ix_mul(c, n, ix_dim(c, dv->sizes[k]));
 	return n;
 }
 
@@ -1097,13 +1098,14 @@ static double static_numel(const kiln_value_t *dv)
  * the graph, a buffer of their own each; and the value's other readers
  * take the buffer. Followed back through view ops from each output, by
  * their self argument, to a value an op makes (not a graph input); marked
- * where those outputs hold at least as many elements as it has and it is
- * declared dense (it is realized in its declared layout; static sizes
- * only). NULL when there is none, or on allocation failure. */
+ * where those outputs hold at least as many elements as it has (their
+ * element counts less its own is at least 0 for every size the graph's
+ * symbols allow) and it is declared dense (it is realized in its declared
+ * layout). NULL when there is none, or on allocation failure. */
 static bool *output_view_bases(cctx_t *c)
 {
 	const kiln_graph_t *g = c->g;
-	double *cover = NULL;
+	const kiln_expr_t **cover = NULL;
 	bool *seen = NULL, *mark = NULL;
 	for (uint32_t i = 0; i < g->n_outputs; i++) {
 		if (g->outputs[i].kind != KILN_ARG_REF)
@@ -1116,7 +1118,7 @@ static bool *output_view_bases(cctx_t *c)
 		if (u == w || bv->producer < 0 || bv->kind != KILN_VAL_TENSOR)
 			continue;
 		if (cover == NULL) {
-			cover = cir_alloc(c, sizeof(double) * g->n_values);
+			cover = cir_alloc(c, sizeof(*cover) * g->n_values);
 			seen = cir_alloc(c, sizeof(bool) * g->n_values);
 			if (cover == NULL || seen == NULL)
 				return NULL;
@@ -1124,16 +1126,25 @@ static bool *output_view_bases(cctx_t *c)
 		if (seen[w])
 			continue;
 		seen[w] = true;
-		cover[u] += static_numel(&g->values[w]);
+		const kiln_expr_t *n = numel_ix(c, &g->values[w]);
+		cover[u] = cover[u] == NULL ? n : ix_add(c, cover[u], n);
+		if (cover[u] == NULL)
+			return NULL;
 	}
 	if (cover == NULL)
 		return NULL;
 	for (uint32_t v = 0; v < g->n_values; v++) {
-		if (cover[v] <= 0)
+		if (cover[v] == NULL)
 			continue;
 		const kiln_value_t *bv = &g->values[v];
-		double n = static_numel(bv);
-		if (n <= 0 || cover[v] < n || !decl_dense(bv))
+		const kiln_expr_t *n = numel_ix(c, bv),
+				  *d = n ? ix_sub(c, cover[v], n) : NULL;
+		if (d == NULL)
+			return NULL;
+		int64_t more, all;
+		if (!ix_lower_bound(c, n, &all) || all <= 0 ||
+		    !ix_lower_bound(c, d, &more) || more < 0 ||
+		    !decl_dense(c, bv))
 			continue;
 		if (mark == NULL) {
 			mark = cir_alloc(c, sizeof(bool) * g->n_values);

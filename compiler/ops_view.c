@@ -197,6 +197,62 @@ static bool view_strides(uint32_t orank, const int64_t *osz, const int64_t *ost,
 	return view_d == -1;
 }
 
+/* Whether a < b for every size the graph's symbols allow: 1 yes, 0 no,
+ * -1 not known. */
+static int dim_lt(cctx_t *c, kiln_dim_t a, kiln_dim_t b)
+{
+	if (dim_eq(a, b))
+		return 0;
+	int64_t lo;
+	if (ix_lower_bound(c, ix_sub(c, ix_dim(c, b), ix_dim(c, a)), &lo) &&
+	    lo >= 1)
+		return 1;
+	if (ix_lower_bound(c, ix_sub(c, ix_dim(c, a), ix_dim(c, b)), &lo) &&
+	    lo >= 0)
+		return 0;
+	return -1;
+}
+
+/* view_strides over symbolic sizes and strides (a dynamic sequence
+ * length): the same walk, comparing element counts as expressions, so the
+ * strides hold for every size; false where a comparison is not known or
+ * the view needs a copy. No size is 0. */
+static bool view_strides_sym(cctx_t *c, uint32_t orank, const kiln_dim_t *osz,
+			     const kiln_dim_t *ost, uint32_t nrank,
+			     const kiln_dim_t *nsz, kiln_dim_t *nst)
+{
+	if (orank == 0)
+		return false;
+	int64_t view_d = (int64_t)nrank - 1;
+	kiln_dim_t chunk = ost[orank - 1], tnumel = dim_const(1),
+		   vnumel = dim_const(1);
+	for (int64_t td = (int64_t)orank - 1; td >= 0; td--) {
+		tnumel = dim_mul(c, tnumel, osz[td]);
+		if (td == 0 ||
+		    (!dim_is(osz[td - 1], 1) &&
+		     !dim_eq(ost[td - 1], dim_mul(c, tnumel, chunk)))) {
+			while (view_d >= 0) {
+				int less = dim_lt(c, vnumel, tnumel);
+				if (less < 0)
+					return false;
+				if (!less && !dim_is(nsz[view_d], 1))
+					break;
+				nst[view_d] = dim_mul(c, vnumel, chunk);
+				vnumel = dim_mul(c, vnumel, nsz[view_d]);
+				view_d--;
+			}
+			if (!dim_eq(vnumel, tnumel))
+				return false;
+			if (td > 0) {
+				chunk = ost[td - 1];
+				tnumel = dim_const(1);
+				vnumel = dim_const(1);
+			}
+		}
+	}
+	return view_d == -1;
+}
+
 static bool is_contig(cctx_t *c, const lt_t *t)
 {
 	kiln_dim_t s = dim_const(1);
@@ -250,6 +306,23 @@ lt_t *lt_reshape(cctx_t *c, const lt_t *t, uint32_t rank,
 			for (uint32_t i = 0; i < rank; i++) {
 				u->sizes[i] = sizes[i];
 				u->strides[i] = dim_const(nst[i]);
+			}
+			return u;
+		}
+		bool zero = false;
+		for (uint32_t i = 0; i < t->rank; i++)
+			zero = zero || dim_is(t->sizes[i], 0);
+		kiln_dim_t dst[CIR_MAX_RANK];
+		if (!stat && !zero &&
+		    view_strides_sym(c, t->rank, t->sizes, t->strides, rank,
+				     sizes, dst)) {
+			lt_t *u = lt_copy(c, t);
+			if (u == NULL)
+				return NULL;
+			u->rank = rank;
+			for (uint32_t i = 0; i < rank; i++) {
+				u->sizes[i] = sizes[i];
+				u->strides[i] = dst[i];
 			}
 			return u;
 		}

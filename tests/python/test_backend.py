@@ -774,6 +774,39 @@ def test_stochastic_depth_draws_in_the_kernels_and_its_backward_uses_the_mask():
     _no_fallback()
 
 
+def test_training_at_changing_sequence_lengths_matches_eager():
+    """dynamic=True training of a transformer layer: one symbolic forward and
+    backward serve every sequence length. The forward's saved q, k, v and
+    attention output are views of the buffers it computes them into, at
+    symbolic sizes (lower.c output_view_bases, ops_view.c
+    view_strides_sym); the loss and every gradient match eager at each
+    length."""
+    import kiln.backend as kb
+    kb.reset()
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                       batch_first=True).train()
+    ref = copy.deepcopy(layer)
+    cm = torch.compile(layer, backend="kiln", dynamic=True)
+    for n in (8, 13, 21):
+        x = _x(n, 2, n, 32)
+        y = cm(x)
+        loss = (y * y).mean()
+        loss.backward()
+        y_ref = ref(x)
+        loss_ref = (y_ref * y_ref).mean()
+        loss_ref.backward()
+        torch.testing.assert_close(loss, loss_ref, rtol=1e-4, atol=1e-6)
+        for (name, p), p_ref in zip(layer.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, name=name, n=n: f"length {n}, {name}: {m}")
+            p.grad = None
+            p_ref.grad = None
+    kinds = sorted(r["kind"] for r in kb.records())
+    assert kinds == ["backward", "forward"], kb.records()
+    _no_fallback()
+
+
 def test_dropout_under_dynamic_shapes_is_not_a_fallback():
     """dynamic=True: Dynamo re-traces a graph whose float argument (dropout's
     p) it must specialize (TensorifyScalarRestartAnalysis, raised through the

@@ -830,6 +830,40 @@ def test_kilnc_dynamic_reshape_divides_by_constants(kilnc):
     assert not re.search(r"(//|%)\(?[0-9*]*s50", r.stdout), r.stdout
 
 
+def _output_members(kilnc, tmp_path, name, graph):
+    """The (node, op) of every kernel member that writes a graph output."""
+    p = _write(tmp_path, name, graph)
+    r = _run([kilnc, str(p), "--emit=kernels"])
+    assert r.returncode == 0, r.stderr
+    return sorted(re.findall(r"\(output\)\s+<- node (\d+) (\S+)", r.stdout))
+
+
+def test_kilnc_dynamic_training_forward_returns_views_like_static(kilnc, tmp_path):
+    """A transformer layer's training forward with a dynamic sequence length
+    saves q, k and v (selected from its qkv projection and viewed) and the
+    attention output for the backward. At symbolic sizes, as at static ones,
+    they are views of the buffers those values are computed into (lower.c
+    output_view_bases; ops_view.c view_strides_sym), not copies made again
+    at the end: the kernels that write outputs come from the same nodes."""
+    import capture_corpus as cc
+    from kiln.export import export_graph
+    torch = pytest.importorskip("torch")
+    members = {}
+    for dyn in (False, True):
+        torch.manual_seed(0)
+        m = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64,
+                                             dropout=0.0, batch_first=True).train()
+        x = torch.rand(2, 16, 32)
+        cap = cc.capture(m, (x,), True, ((0, 1),) if dyn else ())
+        fw = export_graph(cap.graphs[0]["gm"], cap.graphs[0]["example_inputs"])
+        assert bool(fw.get("symbols")) == dyn
+        members[dyn] = _output_members(kilnc, tmp_path, f"fw{int(dyn)}.msgpack", fw)
+    assert members[True] == members[False], members
+    # the saved views are no kernel's output; only a clone's view is
+    assert [op for _, op in members[True] if op == "aten.view.default"] == \
+        ["aten.view.default"], members[True]
+
+
 def test_kilnc_profile_without_run_is_a_usage_error(kilnc):
     g = os.path.join(CORPUS_DIR, "mlp_fwd.graph.msgpack")
     r = _run([kilnc, g, "--profile"])

@@ -983,6 +983,7 @@ static const opdef_t optab[] = {
     OPS("squeeze.dims", squeeze, 2),
     OPS("unsqueeze.default", unsqueeze, 0),
     OPS("slice.Tensor", slice, 0),
+    OPS("narrow.default", slice, 1),
     OPS("select.int", select, 0),
     OPS("split.Tensor", split, SPLIT_SIZE),
     OPS("split_with_sizes.default", split, SPLIT_SIZES),

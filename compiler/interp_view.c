@@ -320,21 +320,45 @@ static void clamp_range(int64_t size, int64_t *start, int64_t *end)
 }
 
 /* slice.Tensor(self, dim=0, start=None, end=None, step=1) */
+/* slice(self, dim, start, end, step); code 1: narrow(self, dim, start,
+ * length), the slice [start, start + length) that must lie within dim
+ * (start may count from the end) */
 int kiln__op_slice(ictx_t *c, int code)
 {
-	(void)code;
 	it_t *x;
 	int64_t dim, start, end, step;
 	uint32_t d;
 	KI_TRY(kiln__i_tensor(c, 0, "self", &x));
-	KI_TRY(kiln__i_int(c, 1, "dim", 0, &dim));
+	KI_TRY(kiln__i_int(c, 1, "dim", code ? KI_REQ : 0, &dim));
 	KI_TRY(kiln__i_dim(c, dim, x->rank, &d));
 	if (x->rank == 0)
-		return kiln__i_bad(
-		    c, "slice() cannot be applied to a 0-dim tensor");
-	KI_TRY(kiln__i_int(c, 2, "start", 0, &start));
-	KI_TRY(kiln__i_int(c, 3, "end", INT64_MAX, &end));
-	KI_TRY(kiln__i_int(c, 4, "step", 1, &step));
+		return kiln__i_bad(c,
+				   "%s() cannot be applied to a 0-dim tensor",
+				   code ? "narrow" : "slice");
+	if (code) {
+		int64_t len, n = x->size[d];
+		KI_TRY(kiln__i_int(c, 2, "start", KI_REQ, &start));
+		KI_TRY(kiln__i_int(c, 3, "length", KI_REQ, &len));
+		if (start < -n || start > n)
+			return kiln__i_bad(c,
+					   "start %lld out of range for dim %u "
+					   "of size %lld",
+					   (long long)start, d, (long long)n);
+		if (start < 0)
+			start += n;
+		if (len < 0 || len > n - start)
+			return kiln__i_bad(
+			    c,
+			    "start (%lld) + length (%lld) exceeds "
+			    "dim %u of size %lld",
+			    (long long)start, (long long)len, d, (long long)n);
+		end = start + len;
+		step = 1;
+	} else {
+		KI_TRY(kiln__i_int(c, 2, "start", 0, &start));
+		KI_TRY(kiln__i_int(c, 3, "end", INT64_MAX, &end));
+		KI_TRY(kiln__i_int(c, 4, "step", 1, &step));
+	}
 	if (step <= 0)
 		return kiln__i_bad(c, "slice step must be positive, not %lld",
 				   (long long)step);

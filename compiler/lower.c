@@ -953,26 +953,24 @@ static int realize_refs(cctx_t *c, const kiln_arg_t *a, int32_t node)
 
 bool cir_is_view_op(const char *op)
 {
-	static const char *const views[] = {"aten.view.default",
-					    "aten._unsafe_view.default",
-					    "aten._reshape_alias.default",
-					    "aten.reshape.default",
-					    "aten.permute.default",
-					    "aten.transpose.int",
-					    "aten.t.default",
-					    "aten.expand.default",
-					    "aten.squeeze.dim",
-					    "aten.squeeze.dims",
-					    "aten.squeeze.default",
-					    "aten.unsqueeze.default",
-					    "aten.slice.Tensor",
-					    "aten.select.int",
-					    "aten.split.Tensor",
-					    "aten.split_with_sizes.default",
-					    "aten.unbind.int",
-					    "aten.alias.default",
-					    "aten.detach.default",
-					    "aten.as_strided.default"};
+	static const char *const views[] = {
+	    "aten.view.default", "aten._unsafe_view.default",
+	    "aten._reshape_alias.default", "aten.reshape.default",
+	    "aten.permute.default", "aten.transpose.int", "aten.t.default",
+	    "aten.expand.default", "aten.squeeze.dim", "aten.squeeze.dims",
+	    "aten.squeeze.default", "aten.unsqueeze.default",
+	    "aten.slice.Tensor", "aten.select.int", "aten.split.Tensor",
+	    "aten.split_with_sizes.default", "aten.unbind.int",
+	    "aten.alias.default", "aten.detach.default",
+	    "aten.as_strided.default",
+	    /* views kiln leaves to torch, or that
+	     * AOTAutograd decomposes: a view of
+	     * their input's storage all the same */
+	    "aten.narrow.default", "aten.diagonal.default",
+	    "aten.unfold.default", "aten.unflatten.int", "aten.movedim.int",
+	    "aten.swapaxes.default", "aten.chunk.default",
+	    "aten.tensor_split.sections", "aten.tensor_split.indices",
+	    "aten.view_as_real.default", "aten.view_as_complex.default"};
 	for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++)
 		if (strcmp(op, views[i]) == 0)
 			return true;
@@ -1078,6 +1076,58 @@ int lstorage(lnode_t *n, uint32_t v, lt_t **out)
 	if (rc == 0)
 		*out = c->vals[b];
 	return rc;
+}
+
+/* Value v as a view of its torch storage's buffer (lstorage): the view ops
+ * from its base to v lowered again, in order, on the base's buffer, so
+ * that *out's offset and strides are torch's storage offset and strides
+ * of v (an as_strided view without a storage offset takes v's, and
+ * _reshape_alias). KILN_EUNSUPOP where a view op on the way is not
+ * lowered or its result is not a view of that buffer. */
+int lstorage_view(lnode_t *n, uint32_t v, lt_t **out)
+{
+	cctx_t *c = n->c;
+	const kiln_graph_t *g = c->g;
+	lt_t *base;
+	int rc = lstorage(n, v, &base);
+	if (rc != 0)
+		return rc;
+	uint32_t chain[64], nc = 0;
+	for (uint32_t w = v; w != cir_view_base(g, w);) {
+		if (nc == sizeof(chain) / sizeof(chain[0]))
+			return lerr(n, KILN_EUNSUPOP,
+				    "value %u is over 64 view ops from its "
+				    "storage",
+				    v);
+		int32_t p = g->values[w].producer;
+		chain[nc++] = (uint32_t)p;
+		w = g->nodes[p].args[0].u.ref;
+	}
+	while (nc-- > 0) {
+		lnode_t ln;
+		memset(&ln, 0, sizeof(ln));
+		ln.c = c;
+		ln.n = &g->nodes[chain[nc]];
+		ln.index = chain[nc];
+		const op_entry_t *op = find_op(ln.n->op);
+		if (op == NULL)
+			return lerr(n, KILN_EUNSUPOP,
+				    "value %u views its storage through %s, "
+				    "which runs in torch",
+				    v, ln.n->op);
+		ln.param = op->param;
+		set_var_ranges(c, 0, NULL);
+		rc = op->fn(c, &ln);
+		set_var_ranges(c, 0, NULL);
+		if (rc != 0)
+			return rc;
+	}
+	lt_t *t = c->vals[v];
+	if (t == NULL || !t->is_buf || t->buf != base->buf)
+		return lerr(n, KILN_EUNSUPOP,
+			    "value %u is not a strided view of its storage", v);
+	*out = t;
+	return 0;
 }
 
 /* Value dv's element count, an expression in the graph's symbols. */

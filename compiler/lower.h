@@ -139,5 +139,8 @@ int lt_realize_nhwc(cctx_t *c, lt_t *t, int32_t node, lt_t **out);
  * (realized so where it is not), torch's storage offset s at element
  * out->offset + s (lower.c). */
 int lstorage(lnode_t *n, uint32_t v, lt_t **out);
+/* Value v as a strided view of lstorage's buffer: torch's storage offset
+ * and strides of v (lower.c). */
+int lstorage_view(lnode_t *n, uint32_t v, lt_t **out);
 
 #endif

@@ -626,6 +626,12 @@ int low_slice(cctx_t *c, lnode_t *n)
 	kiln_dim_t size = x->sizes[ud];
 	if (sa != NULL && sa->kind == KILN_ARG_INT) {
 		int64_t s = sa->u.i;
+		if (n->param == 1 && size.e == NULL &&
+		    (s < -size.c || s > size.c))
+			return lerr(n, KILN_EINVGRAPH,
+				    "narrow's start %lld is outside dim %u of "
+				    "size %lld",
+				    (long long)s, ud, (long long)size.c);
 		if (size.e == NULL) {
 			if (s < 0)
 				s += size.c;
@@ -641,8 +647,25 @@ int low_slice(cctx_t *c, lnode_t *n)
 	/* the declared output gives the length (torch clamped the end) */
 	if (rank != x->rank)
 		return lerr(n, KILN_EINVGRAPH, "slice changes the rank");
-	return lset(n, 0,
-		    lt_slice(c, x, ud, start, ix_dim(c, sizes[ud]), step));
+	/* within the dim: the last element start + (len - 1) * step below
+	 * its size, where that is known (a graph that declares more would
+	 * have the kernel read past the buffer) */
+	const kiln_expr_t *len = ix_dim(c, sizes[ud]);
+	kiln_dim_t room =
+	    dim_of(ix_sub(c, ix_dim(c, size),
+			  ix_add(c, start,
+				 ix_mul(c, ix_sub(c, len, ix_const(c, 1)),
+					ix_const(c, step)))));
+	kiln_dim_t st = dim_of(start), ln = dim_of(len);
+	if ((st.e == NULL && st.c < 0) ||
+	    (ln.e == NULL && ln.c > 0 && room.e == NULL && room.c < 1))
+		return lerr(n, KILN_EINVGRAPH,
+			    "the declared %lld elements from %lld (step "
+			    "%lld) reach past dim %u's end",
+			    ln.e == NULL ? (long long)ln.c : -1LL,
+			    st.e == NULL ? (long long)st.c : -1LL,
+			    (long long)step, ud);
+	return lset(n, 0, lt_slice(c, x, ud, start, len, step));
 }
 
 int low_select(cctx_t *c, lnode_t *n)
@@ -1323,11 +1346,11 @@ int low_as_strided(cctx_t *c, lnode_t *n)
 			return rc;
 		off = ix_add(c, ix_dim(c, x->offset), off);
 	} else {
-		if (!x->is_buf) {
-			rc = lt_realize(c, x, (int32_t)n->index, &x);
-			if (rc != 0)
-				return rc;
-		}
+		/* self's own storage offset (_reshape_alias, or none given):
+		 * self as a view of its storage's buffer */
+		rc = lstorage_view(n, larg(n, 0, "self")->u.ref, &x);
+		if (rc != 0)
+			return rc;
 		off = ix_dim(c, x->offset);
 	}
 	lt_t *u = lt_new(c, x->dtype, ns, x->sizes);

@@ -919,6 +919,16 @@ def build_views():
          lambda x: A.mul.Tensor(A.as_strided.default(
              A.slice.Tensor(A.add.Tensor(x, 1.0), 0, 2, 4), [2, 5], [5, 1], 10), 2.0),
          U(6, 5))
+    # no storage offset (self's own) and _reshape_alias: self a view of a
+    # lazy value
+    case("as_strided", "no_offset_lazy_slice",
+         lambda x: A.mul.Tensor(A.as_strided.default(
+             A.slice.Tensor(A.slice.Tensor(A.relu.default(x), 0, 1, 3), 1, 1, 3), [2, 2], [4, 1]), 2.0),
+         U(4, 4))
+    case("as_strided", "reshape_alias_of_t",
+         lambda x: A.mul.Tensor(A._reshape_alias.default(
+             A.t.default(A.relu.default(x)), [5, 3, 2], [1, 10, 5]), 2.0),
+         U(6, 5))
     case("as_strided", "channels_last",
          lambda x: A.add.Tensor(A.as_strided.default(A.mul.Tensor(x, 3.0), [2, 60], [60, 1], 0), 1.0),
          U(2, 3, 4, 5).contiguous(memory_format=torch.channels_last))
@@ -1630,6 +1640,17 @@ def bad_cases():
                                                 [node("aten.as_strided_scatter.default", [R0, R1, [2, 2], [2, 1], 3], [f23])],
                                                 [R2]),
            [z23, zeros_entry("f32", [2, 2])], "invalid_graph", "outside self's 6 elements")
+    f44 = spec("f32", [4, 4])
+    z44 = zeros_entry("f32", [4, 4])
+    yield ("slice_past_end", graph1([f44], [node("aten.slice.Tensor", [R0, 0, 3, 10], [spec("f32", [5, 4])])],
+                                    [R1]),
+           [z44], "invalid_graph", "computed f32[1,4] but the node declares f32[5,4]")
+    yield ("narrow_past_end", graph1([f44], [node("aten.narrow.default", [R0, 0, 3, 2], [spec("f32", [2, 4])])],
+                                     [R1]),
+           [z44], "invalid_graph", "start (3) + length (2) exceeds dim 0 of size 4")
+    yield ("narrow_start_range", graph1([f44], [node("aten.narrow.default", [R0, 0, -9, 2],
+                                                     [spec("f32", [2, 4])])], [R1]),
+           [z44], "invalid_graph", "start -9 out of range for dim 0 of size 4")
     yield ("copy_broadcast", graph1([f23, f4], [node("aten.copy.default", [R0, R1], [f23])], [R2]),
            [z23, z4], "invalid_graph", "src does not broadcast to self's shape")
     yield ("view_size", graph1([f23], [node("aten.view.default", [R0, [4, 2]], [spec("f32", [4, 2])])], [R1]),

@@ -864,6 +864,38 @@ def test_kilnc_dynamic_training_forward_returns_views_like_static(kilnc, tmp_pat
         ["aten.view.default"], members[True]
 
 
+def test_export_refuses_as_strided_of_an_input_view_at_a_storage_offset():
+    """as_strided reads its self's storage from the storage's start; kiln
+    passes a graph input from its first element, so a graph whose as_strided
+    reads an input that is a view at a storage offset (big[1:5]) cannot be
+    exported: a clear ExportError (the backend then warns and falls back).
+    The same graph traced with an input at offset 0 exports."""
+    torch = pytest.importorskip("torch")
+    from torch._dynamo.backends.common import aot_autograd
+    from kiln.export import ExportError, export_graph
+    got = []
+
+    def fw(gm, example_inputs):
+        try:
+            export_graph(gm, example_inputs)
+            got.append("ok")
+        except ExportError as e:
+            got.append(str(e))
+        return gm
+
+    def f(x):
+        return x.as_strided((2, 2), (2, 1), 1) * 2
+
+    big = torch.arange(6.0)
+    for x in (big[1:5], big[:4]):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(f, backend=aot_autograd(fw_compiler=fw))(x)
+    assert len(got) == 2, got
+    assert "reads the storage of input" in got[0] and "storage offset 1" in got[0], got
+    assert got[1] == "ok", got
+
+
 def test_kilnc_profile_without_run_is_a_usage_error(kilnc):
     g = os.path.join(CORPUS_DIR, "mlp_fwd.graph.msgpack")
     r = _run([kilnc, g, "--profile"])

@@ -177,6 +177,10 @@ class _ExprPrinter:
 # --------------------------------------------------------------------------
 # the exporter
 
+# ops that read their self's storage from its start (torch's storage offset)
+_STORAGE_READERS = {"aten.as_strided.default", "aten._reshape_alias.default"}
+
+
 def _is_symint(v):
     return isinstance(v, torch.SymInt)
 
@@ -323,6 +327,28 @@ class _Exporter:
         self.err(f"argument of type {type(a).__name__} is not supported")
 
     # ---- main ----
+    def check_storage(self, n):
+        """as_strided (or _reshape_alias) reads its self's storage, from the
+        storage's start. kiln passes a graph input from its first element
+        (data_ptr), so a view of an input that starts at a storage offset
+        would be read from the wrong place: refused."""
+        m = n.args[0] if n.args else None
+        while isinstance(m, torch.fx.Node) and m.op == "call_function":
+            t = m.target
+            if t is operator.getitem or (isinstance(t, torch._ops.OpOverload) and t.is_view
+                                         and m.args):
+                m = m.args[0]
+                continue
+            return
+        if not isinstance(m, torch.fx.Node) or m.op != "placeholder":
+            return
+        v = m.meta.get("val", None)
+        if isinstance(v, torch.Tensor):
+            off = v.storage_offset()
+            if _is_symint(off) or off != 0:
+                self.err(f"reads the storage of input {m.name}, a view that starts at "
+                         f"storage offset {off}: kiln passes an input from its first element")
+
     def run(self):
         g = self.gm.graph
         self.shape_env = self._find_shape_env()
@@ -373,6 +399,8 @@ class _Exporter:
                 name = str(t)
                 if not _OP_RE.match(name):
                     self.err(f"op name {name!r} does not have the form namespace.name.overload")
+                if name in _STORAGE_READERS:
+                    self.check_storage(n)
                 node = {"op": name, "name": n.name}
                 node["args"] = [self.arg(a) for a in n.args]
                 if n.kwargs:

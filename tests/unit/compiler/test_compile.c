@@ -2030,12 +2030,59 @@ static kiln_graph_t *strided_base_graph(void)
 	return end_graph(&b, 3, 1, "strided base");
 }
 
+/* relu(x) [4, 4], narrowed to rows 1..2 (narrow, as a hand-written graph
+ * has it: traced graphs have slice), viewed as_strided([4], [1], 0), times
+ * 2: the view reads relu(x)'s storage from its start. */
+static kiln_graph_t *narrow_base_graph(void)
+{
+	static const int64_t xs[2] = {4, 4}, ns[2] = {2, 4}, ss[1] = {4},
+			     sst[1] = {1};
+	gb_t b;
+	gb_init(&b);
+	graph_head(&b, 1);
+	specn(&b, "f32", xs, 2);
+	s(&b, "nodes");
+	msgpack_pack_array(&b.pk, 4);
+	node_head(&b, "aten.relu.default", 1); /* 1 */
+	ref(&b, 0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", xs, 2);
+	node_head(&b, "aten.narrow.default", 4); /* 2 */
+	ref(&b, 1);
+	msgpack_pack_int64(&b.pk, 0);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 2);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", ns, 2);
+	node_head(&b, "aten.as_strided.default", 4); /* 3 */
+	ref(&b, 2);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 4);
+	msgpack_pack_array(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 1);
+	msgpack_pack_int64(&b.pk, 0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	spec_strided(&b, ss, sst, 1);
+	node_head(&b, "aten.mul.Tensor", 2); /* 4 */
+	ref(&b, 3);
+	msgpack_pack_double(&b.pk, 2.0);
+	s(&b, "out");
+	msgpack_pack_array(&b.pk, 1);
+	specn(&b, "f32", ss, 1);
+	return end_graph(&b, 4, 1, "narrow base");
+}
+
 /* as_strided's storage offset counts from the storage of self's view base,
  * laid out as the graph declares it (lower.c lstorage): a base declared
  * with gaps between its rows is realized so, and the view reads past the
  * gap, as torch does (out[a][b] = 2 (x[a][b + 1] + 1)); no fallback step.
- * The interpreter lays the base out so too. (Clones of slices, lazy
- * bases and channels-last ones: the as_strided op cases.) */
+ * The interpreter lays the base out so too. A view of narrow (a view op
+ * kiln lowers as a slice) reads the narrowed value's storage: relu(x)'s
+ * first row, 2 relu(x[0]). (Clones of slices, lazy bases, channels-last
+ * ones, no storage offset, _reshape_alias: the as_strided op cases.) */
 Test(fusion, as_strided_reads_its_base_as_declared)
 {
 	kiln_compiler_t *kc = new_compiler();
@@ -2068,6 +2115,35 @@ Test(fusion, as_strided_reads_its_base_as_declared)
 	kiln_td_cmp_t cr;
 	cr_expect(kiln_td_compare(&out[0].t, &ref[0], 0, 0, &cr), "interp: %s",
 		  cr.msg);
+	free(ref[0].data);
+	free(ob[0]);
+	kiln_td_tensor_free(&x);
+	kiln_module_free(m);
+	kiln_graph_free(g);
+
+	g = narrow_base_graph();
+	expect_report_has(kc, g, "fallback", false, "narrow base");
+	m = module_of(kc, g, "narrow base");
+	int64_t nsz[2] = {4, 4};
+	cr_assert_eq(kiln_td_tensor_alloc(&x, KILN_DT_F32, 2, nsz), 0);
+	for (int i = 0; i < 16; i++)
+		((float *)x.data)[i] = (float)(i % 5) - 2.0f;
+	in.t = x;
+	ob[0] = NULL;
+	cr_assert_eq(
+	    kiln_module_run(m, &in, 1, ob, out, NULL, err, sizeof(err)), 0,
+	    "%s", err);
+	xv = x.data;
+	for (int k = 0; k < 4; k++) {
+		float got = ((const float *)out[0].t.data)[k],
+		      want = 2.0f * (xv[k] > 0 ? xv[k] : 0.0f);
+		cr_expect_eq(got, want, "narrow: out[%d] = %g, want %g", k,
+			     (double)got, (double)want);
+	}
+	cr_assert_eq(kiln_interp_run(g, &x, ref, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_expect(kiln_td_compare(&out[0].t, &ref[0], 0, 0, &cr),
+		  "narrow: interp: %s", cr.msg);
 	free(ref[0].data);
 	free(ob[0]);
 	kiln_td_tensor_free(&x);
@@ -6803,6 +6879,23 @@ Test(compile, view_scatter_bad_arguments)
 	    {"as_strided_scatter_src", "src must have the view's size"},
 	    {"as_strided_scatter_outside", "outside self's 6 elements"},
 	    {"copy_broadcast", "src does not broadcast to self's shape"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
+/* A slice or narrow whose declared length reaches past its dim's end, and
+ * a narrow whose start is outside the dim (tests/data/bad/slice_past_end,
+ * narrow_*): rejected as the interpreter rejects them, not compiled into
+ * a kernel that reads past the buffer. */
+Test(compile, slice_bad_arguments)
+{
+	static const badcase_t bad[] = {
+	    {"slice_past_end", "the declared 5 elements from 3 (step 1) reach "
+			       "past dim 0's end"},
+	    {"narrow_past_end", "the declared 2 elements from 3 (step 1) "
+				"reach past dim 0's end"},
+	    {"narrow_start_range",
+	     "narrow's start -9 is outside dim 0 of size 4"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

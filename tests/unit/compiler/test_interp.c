@@ -263,7 +263,10 @@ static const pname_t corpus[] = {
 #define N_CORPUS (sizeof(corpus) / sizeof(corpus[0]))
 
 /* tests/data/bad/<name>.msgpack (make_op_cases.py writes them) */
-static const pname_t bad_files[] = {{"as_strided_scatter_outside"},
+static const pname_t bad_files[] = {{"slice_past_end"},
+				    {"narrow_past_end"},
+				    {"narrow_start_range"},
+				    {"as_strided_scatter_outside"},
 				    {"as_strided_scatter_src"},
 				    {"broadcast"},
 				    {"cat_shapes"},

@@ -151,52 +151,6 @@ lt_t *lt_slice(cctx_t *c, const lt_t *t, uint32_t d, const kiln_expr_t *start,
 	return reindex(c, t, t->rank, sizes, map);
 }
 
-/* torch's computeStride: strides of a view of (sizes, strides) as
- * newshape, when one exists. Static sizes only. */
-static bool view_strides(uint32_t orank, const int64_t *osz, const int64_t *ost,
-			 uint32_t nrank, const int64_t *nsz, int64_t *nst)
-{
-	if (orank == 0) {
-		for (uint32_t i = 0; i < nrank; i++)
-			nst[i] = 1;
-		return true;
-	}
-	int64_t numel = 1;
-	for (uint32_t i = 0; i < orank; i++)
-		numel *= osz[i];
-	if (numel == 0) {
-		int64_t s = 1;
-		for (uint32_t i = nrank; i-- > 0;) {
-			nst[i] = s;
-			s *= nsz[i] > 1 ? nsz[i] : 1;
-		}
-		return true;
-	}
-	int64_t view_d = (int64_t)nrank - 1;
-	int64_t chunk = ost[orank - 1];
-	int64_t tnumel = 1, vnumel = 1;
-	for (int64_t td = (int64_t)orank - 1; td >= 0; td--) {
-		tnumel *= osz[td];
-		if (td == 0 ||
-		    (osz[td - 1] != 1 && ost[td - 1] != tnumel * chunk)) {
-			while (view_d >= 0 &&
-			       (vnumel < tnumel || nsz[view_d] == 1)) {
-				nst[view_d] = vnumel * chunk;
-				vnumel *= nsz[view_d];
-				view_d--;
-			}
-			if (vnumel != tnumel)
-				return false;
-			if (td > 0) {
-				chunk = ost[td - 1];
-				tnumel = 1;
-				vnumel = 1;
-			}
-		}
-	}
-	return view_d == -1;
-}
-
 /* Whether a < b for every size the graph's symbols allow: 1 yes, 0 no,
  * -1 not known. */
 static int dim_lt(cctx_t *c, kiln_dim_t a, kiln_dim_t b)
@@ -213,16 +167,27 @@ static int dim_lt(cctx_t *c, kiln_dim_t a, kiln_dim_t b)
 	return -1;
 }
 
-/* view_strides over symbolic sizes and strides (a dynamic sequence
- * length): the same walk, comparing element counts as expressions, so the
- * strides hold for every size; false where a comparison is not known or
- * the view needs a copy. No size is 0. */
-static bool view_strides_sym(cctx_t *c, uint32_t orank, const kiln_dim_t *osz,
-			     const kiln_dim_t *ost, uint32_t nrank,
-			     const kiln_dim_t *nsz, kiln_dim_t *nst)
+/* torch's computeStride: strides of a view of (sizes, strides) as
+ * newshape, where one exists. Static or symbolic dims (a dynamic sequence
+ * length): element counts compare as expressions, so the strides hold for
+ * every size; false where a comparison is not known (a symbol that may be
+ * 1) or the view needs a copy. */
+static bool view_strides(cctx_t *c, uint32_t orank, const kiln_dim_t *osz,
+			 const kiln_dim_t *ost, uint32_t nrank,
+			 const kiln_dim_t *nsz, kiln_dim_t *nst)
 {
-	if (orank == 0)
-		return false;
+	bool zero = false;
+	for (uint32_t i = 0; i < orank; i++)
+		zero = zero || dim_is(osz[i], 0);
+	if (orank == 0 || zero) {
+		kiln_dim_t s = dim_const(1);
+		for (uint32_t i = nrank; i-- > 0;) {
+			nst[i] = s;
+			if (orank > 0 && !dim_is(nsz[i], 0))
+				s = dim_mul(c, s, nsz[i]);
+		}
+		return true;
+	}
 	int64_t view_d = (int64_t)nrank - 1;
 	kiln_dim_t chunk = ost[orank - 1], tnumel = dim_const(1),
 		   vnumel = dim_const(1);
@@ -285,44 +250,16 @@ lt_t *lt_reshape(cctx_t *c, const lt_t *t, uint32_t rank,
 			}
 			return u;
 		}
-		bool stat = true;
-		int64_t osz[CIR_MAX_RANK], ost[CIR_MAX_RANK], nsz[CIR_MAX_RANK],
-		    nst[CIR_MAX_RANK];
-		for (uint32_t i = 0; i < t->rank; i++) {
-			stat = stat && t->sizes[i].e == NULL &&
-			       t->strides[i].e == NULL;
-			osz[i] = t->sizes[i].c;
-			ost[i] = t->strides[i].c;
-		}
-		for (uint32_t i = 0; i < rank; i++) {
-			stat = stat && sizes[i].e == NULL;
-			nsz[i] = sizes[i].c;
-		}
-		if (stat && view_strides(t->rank, osz, ost, rank, nsz, nst)) {
+		kiln_dim_t nst[CIR_MAX_RANK];
+		if (view_strides(c, t->rank, t->sizes, t->strides, rank, sizes,
+				 nst)) {
 			lt_t *u = lt_copy(c, t);
 			if (u == NULL)
 				return NULL;
 			u->rank = rank;
 			for (uint32_t i = 0; i < rank; i++) {
 				u->sizes[i] = sizes[i];
-				u->strides[i] = dim_const(nst[i]);
-			}
-			return u;
-		}
-		bool zero = false;
-		for (uint32_t i = 0; i < t->rank; i++)
-			zero = zero || dim_is(t->sizes[i], 0);
-		kiln_dim_t dst[CIR_MAX_RANK];
-		if (!stat && !zero &&
-		    view_strides_sym(c, t->rank, t->sizes, t->strides, rank,
-				     sizes, dst)) {
-			lt_t *u = lt_copy(c, t);
-			if (u == NULL)
-				return NULL;
-			u->rank = rank;
-			for (uint32_t i = 0; i < rank; i++) {
-				u->sizes[i] = sizes[i];
-				u->strides[i] = dst[i];
+				u->strides[i] = nst[i];
 			}
 			return u;
 		}

@@ -779,7 +779,7 @@ def test_training_at_changing_sequence_lengths_matches_eager():
     backward serve every sequence length. The forward's saved q, k, v and
     attention output are views of the buffers it computes them into, at
     symbolic sizes (lower.c output_view_bases, ops_view.c
-    view_strides_sym); the loss and every gradient match eager at each
+    view_strides); the loss and every gradient match eager at each
     length."""
     import kiln.backend as kb
     kb.reset()

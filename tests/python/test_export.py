@@ -843,7 +843,7 @@ def test_kilnc_dynamic_training_forward_returns_views_like_static(kilnc, tmp_pat
     saves q, k and v (selected from its qkv projection and viewed) and the
     attention output for the backward. At symbolic sizes, as at static ones,
     they are views of the buffers those values are computed into (lower.c
-    output_view_bases; ops_view.c view_strides_sym), not copies made again
+    output_view_bases; ops_view.c view_strides), not copies made again
     at the end: the kernels that write outputs come from the same nodes."""
     import capture_corpus as cc
     from kiln.export import export_graph

@@ -151,6 +151,15 @@ lt_t *lt_slice(cctx_t *c, const lt_t *t, uint32_t d, const kiln_expr_t *start,
 	return reindex(c, t, t->rank, sizes, map);
 }
 
+/* Whether e < v for every size the graph's symbols allow (from a lower
+ * bound of v - 1 - e: ranges bound symbols from below). */
+static bool ix_below(cctx_t *c, const kiln_expr_t *e, int64_t v)
+{
+	int64_t lo;
+	return ix_lower_bound(c, ix_sub(c, ix_const(c, v - 1), e), &lo) &&
+	       lo >= 0;
+}
+
 /* Whether a < b for every size the graph's symbols allow: 1 yes, 0 no,
  * -1 not known. */
 static int dim_lt(cctx_t *c, kiln_dim_t a, kiln_dim_t b)
@@ -369,6 +378,35 @@ static const sx_t *in_range(cctx_t *c, const kiln_expr_t *x, kiln_dim_t size)
 		      sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, size))));
 }
 
+/* t with the elements of dim d at index start + step * i (i its index
+ * there) read only where that lies within size, 0 elsewhere: a slice or
+ * select whose symbolic start is known only when the graph runs and not
+ * provably in range for every size (torch raises there; kiln reads
+ * nothing outside the buffer). NULL: t itself where it is provably in
+ * range. */
+static lt_t *lt_in_range(cctx_t *c, lt_t *t, uint32_t d, kiln_dim_t size,
+			 const kiln_expr_t *start, const kiln_expr_t *len,
+			 int64_t step)
+{
+	int64_t v;
+	const kiln_expr_t *room =
+	    ix_sub(c, ix_dim(c, size),
+		   ix_add(c, start,
+			  ix_mul(c, ix_sub(c, len, ix_const(c, 1)),
+				 ix_const(c, step))));
+	if (t == NULL || (ix_lower_bound(c, start, &v) && v >= 0 &&
+			  ix_lower_bound(c, room, &v) && v >= 1))
+		return t;
+	const kiln_expr_t *at =
+	    d < t->rank
+		? ix_add(c, start, ix_mul(c, ix_const(c, step), ix_var(c, d)))
+		: start;
+	const sx_t *g = in_range(c, at, size);
+	return lt_fn(
+	    c, t->dtype, t->rank, t->sizes,
+	    sx_where(c, g, sx_guard(c, lt_body(c, t), g), sxf(c, 0, t->dtype)));
+}
+
 /* ---- op lowerings -------------------------------------------------------- */
 
 int low_view(cctx_t *c, lnode_t *n)
@@ -397,6 +435,22 @@ int low_view(cctx_t *c, lnode_t *n)
 		return lerr(n, KILN_EINVGRAPH,
 			    "cannot view %lld elements as %lld", (long long)a,
 			    (long long)b);
+	if (!stat) {
+		/* symbolic: an invalid graph where the counts differ for
+		 * every size the symbols allow */
+		const kiln_expr_t *pa = ix_const(c, 1), *pb = ix_const(c, 1);
+		for (uint32_t i = 0; i < x->rank; i++)
+			pa = ix_mul(c, pa, ix_dim(c, x->sizes[i]));
+		for (uint32_t i = 0; i < rank; i++)
+			pb = ix_mul(c, pb, ix_dim(c, sizes[i]));
+		const kiln_expr_t *d = ix_sub(c, pa, pb);
+		int64_t v;
+		if ((ix_lower_bound(c, d, &v) && v >= 1) || ix_below(c, d, 0))
+			return lerr(n, KILN_EINVGRAPH,
+				    "cannot view the elements as the declared "
+				    "shape: the counts differ for every size "
+				    "the symbols allow");
+	}
 	return lset(n, 0, lt_reshape(c, x, rank, sizes));
 }
 
@@ -536,6 +590,39 @@ int low_unsqueeze(cctx_t *c, lnode_t *n)
 	return lset(n, 0, lt_unsqueeze(c, x, ud));
 }
 
+/* An invalid graph where elements start, start + step, ... (len of them)
+ * provably leave dim ud of size `size` (for every size the graph's
+ * symbols allow): the lengths come from the declared outputs, and a graph
+ * that declares more than the dim holds would have a kernel read past the
+ * buffer. Symbolic starts known only when it runs stay unchecked. */
+static int lwithin(lnode_t *n, kiln_dim_t size, const kiln_expr_t *start,
+		   const kiln_expr_t *len, int64_t step, uint32_t ud)
+{
+	cctx_t *c = n->c;
+	int64_t v;
+	const kiln_expr_t *room =
+	    ix_sub(c, ix_dim(c, size),
+		   ix_add(c, start,
+			  ix_mul(c, ix_sub(c, len, ix_const(c, 1)),
+				 ix_const(c, step))));
+	bool before = ix_below(c, start, 0);
+	bool some = ix_lower_bound(c, len, &v) && v >= 1;
+	bool past = some && ix_below(c, room, 1);
+	if (!before && !past)
+		return 0;
+	kiln_dim_t st = dim_of(start), ln = dim_of(len);
+	if (st.e == NULL && ln.e == NULL && size.e == NULL)
+		return lerr(n, KILN_EINVGRAPH,
+			    "the declared %lld elements from %lld (step "
+			    "%lld) reach past dim %u's end (%lld)",
+			    (long long)ln.c, (long long)st.c, (long long)step,
+			    ud, (long long)size.c);
+	return lerr(n, KILN_EINVGRAPH,
+		    "the declared elements reach past dim %u's end for every "
+		    "size the symbols allow",
+		    ud);
+}
+
 int low_slice(cctx_t *c, lnode_t *n)
 {
 	lt_t *x;
@@ -584,25 +671,13 @@ int low_slice(cctx_t *c, lnode_t *n)
 	/* the declared output gives the length (torch clamped the end) */
 	if (rank != x->rank)
 		return lerr(n, KILN_EINVGRAPH, "slice changes the rank");
-	/* within the dim: the last element start + (len - 1) * step below
-	 * its size, where that is known (a graph that declares more would
-	 * have the kernel read past the buffer) */
 	const kiln_expr_t *len = ix_dim(c, sizes[ud]);
-	kiln_dim_t room =
-	    dim_of(ix_sub(c, ix_dim(c, size),
-			  ix_add(c, start,
-				 ix_mul(c, ix_sub(c, len, ix_const(c, 1)),
-					ix_const(c, step)))));
-	kiln_dim_t st = dim_of(start), ln = dim_of(len);
-	if ((st.e == NULL && st.c < 0) ||
-	    (ln.e == NULL && ln.c > 0 && room.e == NULL && room.c < 1))
-		return lerr(n, KILN_EINVGRAPH,
-			    "the declared %lld elements from %lld (step "
-			    "%lld) reach past dim %u's end",
-			    ln.e == NULL ? (long long)ln.c : -1LL,
-			    st.e == NULL ? (long long)st.c : -1LL,
-			    (long long)step, ud);
-	return lset(n, 0, lt_slice(c, x, ud, start, len, step));
+	rc = lwithin(n, size, start, len, step, ud);
+	if (rc != 0)
+		return rc;
+	return lset(n, 0,
+		    lt_in_range(c, lt_slice(c, x, ud, start, len, step), ud,
+				size, start, len, step));
 }
 
 int low_select(cctx_t *c, lnode_t *n)
@@ -644,7 +719,12 @@ int low_select(cctx_t *c, lnode_t *n)
 	}
 have:;
 	lt_t *s = lt_slice(c, x, ud, idx, ix_const(c, 1), 1);
-	return lset(n, 0, s ? lt_squeeze_dim(c, s, ud) : NULL);
+	s = s ? lt_squeeze_dim(c, s, ud) : NULL;
+	/* a symbolic index: read only where it is in range (no dim of the
+	 * result is ud's) */
+	return lset(n, 0,
+		    lt_in_range(c, s, CIR_MAX_RANK, x->sizes[ud], idx,
+				ix_const(c, 1), 1));
 }
 
 /* split (0), split_with_sizes (1), unbind (2): outputs are slices. */
@@ -669,6 +749,10 @@ int low_split(cctx_t *c, lnode_t *n)
 		if (rc != 0)
 			return rc;
 		if (n->param == 2) {
+			rc = lwithin(n, x->sizes[ud], off, ix_const(c, 1), 1,
+				     ud);
+			if (rc != 0)
+				return rc;
 			lt_t *s = lt_slice(c, x, ud, off, ix_const(c, 1), 1);
 			rc = lset(n, k, s ? lt_squeeze_dim(c, s, ud) : NULL);
 			off = ix_add(c, off, ix_const(c, 1));
@@ -677,6 +761,9 @@ int low_split(cctx_t *c, lnode_t *n)
 				return lerr(n, KILN_EINVGRAPH,
 					    "out %u: split keeps the rank", k);
 			const kiln_expr_t *len = ix_dim(c, sizes[ud]);
+			rc = lwithin(n, x->sizes[ud], off, len, 1, ud);
+			if (rc != 0)
+				return rc;
 			rc = lset(n, k, lt_slice(c, x, ud, off, len, 1));
 			off = ix_add(c, off, len);
 		}
@@ -821,8 +908,14 @@ int low_pad(cctx_t *c, lnode_t *n)
 		return lerr(n, KILN_EINVGRAPH, "pad changes the rank");
 	const kiln_expr_t *map[CIR_MAX_RANK];
 	const sx_t *guard = NULL;
-	for (uint32_t k = 0; k < rank; k++)
+	for (uint32_t k = 0; k < rank; k++) {
 		map[k] = ix_var(c, k);
+		if (k < rank - np / 2 && !dim_eq(x->sizes[k], sizes[k]))
+			return lerr(n, KILN_EINVGRAPH,
+				    "out 0: dim %u is not padded but its size "
+				    "changes",
+				    k);
+	}
 	for (uint32_t i = 0; i < np / 2; i++) {
 		uint32_t d = rank - 1 - i;
 		int64_t before = pad[2 * i], after = pad[2 * i + 1];
@@ -959,6 +1052,22 @@ int low_repeat(cctx_t *c, lnode_t *n)
 		return lerr(n, KILN_EINVGRAPH,
 			    "repeat needs at least as many repeats as dims");
 	uint32_t lead = rank - x->rank;
+	const kiln_expr_t *rep[CIR_MAX_RANK];
+	uint32_t nr;
+	rc = lsizelist(n, 1, "repeats", rep, &nr);
+	if (rc != 0)
+		return rc;
+	bool same = nr == rank;
+	for (uint32_t k = 0; same && k < rank; k++)
+		same = dim_eq(
+		    sizes[k],
+		    k < lead ? dim_of(rep[k])
+			     : dim_of(ix_mul(c, rep[k],
+					     ix_dim(c, x->sizes[k - lead]))));
+	if (!same)
+		return lerr(n, KILN_EINVGRAPH,
+			    "the declared output is not self's sizes times "
+			    "repeats");
 	const kiln_expr_t *map[CIR_MAX_RANK];
 	for (uint32_t k = 0; k < x->rank; k++)
 		map[k] = ix_mod(c, ix_var(c, lead + k), ix_dim(c, x->sizes[k]));
@@ -974,12 +1083,24 @@ static int placed(lnode_t *n, lt_t **g, uint32_t *rank, kiln_dim_t *sizes,
 {
 	cctx_t *c = n->c;
 	if (n->param == 0) {
+		const kiln_expr_t *in[CIR_MAX_RANK];
+		uint32_t nin;
 		int rc = ltensor(n, 0, "grad_output", g);
 		if (rc == 0)
 			rc = lout_sizes(n, 0, rank, sizes, dt);
 		if (rc == 0)
-			*base = sxf(c, 0, *dt);
-		return rc;
+			rc = lsizelist(n, 1, "input_sizes", in, &nin);
+		if (rc != 0)
+			return rc;
+		bool same = nin == *rank;
+		for (uint32_t k = 0; same && k < nin; k++)
+			same = dim_eq(dim_of(in[k]), sizes[k]);
+		if (!same)
+			return lerr(
+			    n, KILN_EINVGRAPH,
+			    "the declared output is not of input_sizes");
+		*base = sxf(c, 0, *dt);
+		return 0;
 	}
 	lt_t *x;
 	int rc = ltensor(n, 0, "self", &x);
@@ -994,13 +1115,11 @@ static int placed(lnode_t *n, lt_t **g, uint32_t *rank, kiln_dim_t *sizes,
 	return 0;
 }
 
-/* src (the placed tensor g) must have self's sizes but at dim ud (where a
- * select has no dim) */
+/* src or grad_output (the placed tensor g) must have the result's sizes
+ * but at dim ud (where a select has no dim) */
 static int placed_shape(lnode_t *n, const lt_t *g, uint32_t rank,
 			const kiln_dim_t *sizes, uint32_t ud, bool select)
 {
-	if (n->param == 0)
-		return 0;
 	bool ok = g->rank == (select ? rank - 1 : rank);
 	for (uint32_t k = 0, j = 0; ok && k < rank; k++) {
 		if (k == ud && select)
@@ -1008,9 +1127,13 @@ static int placed_shape(lnode_t *n, const lt_t *g, uint32_t rank,
 		ok = k == ud || dim_eq(g->sizes[j], sizes[k]);
 		j++;
 	}
-	return ok ? 0
-		  : lerr(n, KILN_EINVGRAPH,
-			 "src must have self's shape but at dim %u", ud);
+	if (ok)
+		return 0;
+	return n->param == 0
+		   ? lerr(n, KILN_EINVGRAPH,
+			  "grad_output must have input_sizes but at dim %u", ud)
+		   : lerr(n, KILN_EINVGRAPH,
+			  "src must have self's shape but at dim %u", ud);
 }
 
 int low_select_backward(cctx_t *c, lnode_t *n)
@@ -1274,22 +1397,57 @@ int low_as_strided(cctx_t *c, lnode_t *n)
 	const kiln_arg_t *oa =
 	    n->param == 1 ? NULL : larg(n, 3, "storage_offset");
 	const kiln_expr_t *off;
+	uint32_t self = larg(n, 0, "self")->u.ref;
+	lt_t *base;
+	rc = lstorage(n, self, &base);
+	if (rc != 0)
+		return rc;
 	if (oa != NULL && oa->kind != KILN_ARG_NIL) {
 		/* counted from self's storage: its view base's buffer */
 		rc = lsymint(n, oa, &off);
-		if (rc == 0)
-			rc = lstorage(n, larg(n, 0, "self")->u.ref, &x);
 		if (rc != 0)
 			return rc;
-		off = ix_add(c, ix_dim(c, x->offset), off);
+		x = base;
 	} else {
 		/* self's own storage offset (_reshape_alias, or none given):
 		 * self as a view of its storage's buffer */
-		rc = lstorage_view(n, larg(n, 0, "self")->u.ref, &x);
+		rc = lstorage_view(n, self, &x);
 		if (rc != 0)
 			return rc;
-		off = ix_dim(c, x->offset);
+		off = ix_sub(c, ix_dim(c, x->offset), ix_dim(c, base->offset));
 	}
+	/* within the storage, as torch checks: offset + sum (size - 1) *
+	 * stride below the base's extent, no negative size, stride or
+	 * offset, where that is known for every size */
+	const kiln_value_t *bv = &c->g->values[cir_view_base(c->g, self)];
+	const kiln_expr_t *ext = ix_const(c, 1), *last = off;
+	bool empty = false, neg = false;
+	int64_t v;
+	for (uint32_t k = 0; k < bv->rank; k++) {
+		const kiln_expr_t *bs = ix_dim(c, bv->sizes[k]);
+		empty = empty || dim_is(bv->sizes[k], 0);
+		ext = ix_add(c, ext,
+			     ix_mul(c, ix_sub(c, bs, ix_const(c, 1)),
+				    ix_dim(c, bv->strides[k])));
+	}
+	bool none = false;
+	neg = ix_below(c, off, 0);
+	for (uint32_t k = 0; k < ns; k++) {
+		neg = neg || ix_below(c, sz[k], 0) || ix_below(c, st[k], 0);
+		none = none || dim_is(dim_of(sz[k]), 0);
+		last =
+		    ix_add(c, last,
+			   ix_mul(c, ix_sub(c, sz[k], ix_const(c, 1)), st[k]));
+	}
+	if (neg)
+		return lerr(n, KILN_EINVGRAPH,
+			    "a negative size, stride or storage offset");
+	if (!none &&
+	    (empty || (ix_lower_bound(c, ix_sub(c, last, ext), &v) && v >= 0)))
+		return lerr(n, KILN_EINVGRAPH,
+			    "the view reaches past the end of its storage (%s)",
+			    empty ? "no elements" : "the base's extent");
+	off = ix_add(c, ix_dim(c, base->offset), off);
 	lt_t *u = lt_new(c, x->dtype, ns, x->sizes);
 	if (u == NULL)
 		return -ENOMEM;

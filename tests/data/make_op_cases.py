@@ -1651,6 +1651,44 @@ def bad_cases():
     yield ("narrow_start_range", graph1([f44], [node("aten.narrow.default", [R0, 0, -9, 2],
                                                      [spec("f32", [2, 4])])], [R1]),
            [z44], "invalid_graph", "start -9 out of range for dim 0 of size 4")
+    # declared shapes a kernel would read past its input with (the
+    # compiler takes lengths from them): rejected, as the interpreter does
+    yield ("split_past_end", graph1([f44], [node("aten.split.Tensor", [R0, 2, 0],
+                                                 [spec("f32", [3, 4]), spec("f32", [3, 4])])], [R1]),
+           [z44], "invalid_graph", "computed f32[2,4] but the node declares f32[3,4]")
+    f24 = spec("f32", [2, 4])
+    yield ("unbind_more_outputs", graph1([f24], [node("aten.unbind.int", [R0, 0], [spec("f32", [4])] * 6)],
+                                         [R1]),
+           [zeros_entry("f32", [2, 4])], "invalid_graph", "makes 2 outputs but the node declares 6")
+    yield ("as_strided_past_storage",
+           graph1([f44], [node("aten.as_strided.default", [R0, [64, 64], [64, 1], 0],
+                               [spec("f32", [64, 64])])], [R1]),
+           [z44], "invalid_graph", "as_strided reaches outside the storage (16 elements)")
+    yield ("as_strided_negative_stride",
+           graph1([f44], [node("aten.as_strided.default", [R0, [4], [-1000], 0], [spec("f32", [4])])],
+                  [R1]),
+           [z44], "invalid_graph", "negative stride")
+    yield ("pad_unpadded_dim", graph1([f44], [node("aten.constant_pad_nd.default", [R0, [1, 1]],
+                                                   [spec("f32", [40, 6])])], [R1]),
+           [z44], "invalid_graph", "computed f32[4,6] but the node declares f32[40,6]")
+    yield ("repeat_shape", graph1([spec("f32", [0, 4])], [node("aten.repeat.default", [R0, [2, 1]],
+                                                               [spec("f32", [2, 4])])], [R1]),
+           [zeros_entry("f32", [0, 4])], "invalid_graph",
+           "computed f32[0,4] but the node declares f32[2,4]")
+    yield ("slice_backward_grad_shape",
+           graph1([f24], [node("aten.slice_backward.default", [R0, [4, 64], 0, 0, 2, 1],
+                               [spec("f32", [4, 64])])], [R1]),
+           [zeros_entry("f32", [2, 4])], "invalid_graph", "grad_output has shape [2,4], expected [2,64]")
+    yield ("select_backward_grad_shape",
+           graph1([spec("f32", [4])], [node("aten.select_backward.default", [R0, [3, 64], 0, 1],
+                                            [spec("f32", [3, 64])])], [R1]),
+           [zeros_entry("f32", [4])], "invalid_graph", "grad_output has shape [4], expected [64]")
+    yield ("view_symbolic_count",
+           graph1([spec("f32", ["s0", 4])], [node("aten.view.default", [R0, [{"sym": "s0"}, 64]],
+                                                  [spec("f32", ["s0", 64])])], [R1],
+                  symbols={"s0": {"min": 2, "max": None, "hint": 4}}),
+           [zeros_entry("f32", [4, 4])], "invalid_graph",
+           "shape [4,64] is invalid for input of shape [4,4]")
     yield ("copy_broadcast", graph1([f23, f4], [node("aten.copy.default", [R0, R1], [f23])], [R2]),
            [z23, z4], "invalid_graph", "src does not broadcast to self's shape")
     yield ("view_size", graph1([f23], [node("aten.view.default", [R0, [4, 2]], [spec("f32", [4, 2])])], [R1]),

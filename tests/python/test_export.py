@@ -896,6 +896,42 @@ def test_export_refuses_as_strided_of_an_input_view_at_a_storage_offset():
     assert got[1] == "ok", got
 
 
+def test_kilnc_symbolic_index_out_of_range_reads_nothing(kilnc, tmp_path):
+    """A select or slice whose index or start is a symbol bound only when
+    the graph runs (an int input) cannot be checked at compile time: where
+    it is not provably in range, its reads are guarded (ops_view.c
+    lt_in_range), so an index past the dim -- 2^33 once read 32 GiB past
+    the buffer and crashed -- gives zeros, kiln's rule for out-of-range
+    indices, and an index in range gives torch's values."""
+    import capture_corpus as cc
+    torch = pytest.importorskip("torch")
+    x = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    syms = {"s1": {"min": 0, "max": 1 << 40}}
+    graphs = {
+        "select": ({"op": "aten.select.int", "args": [{"ref": 0}, 0, {"sym": "s1"}],
+                    "out": [{"dtype": "f32", "shape": [4]}]},
+                   lambda i: x[i] if i < 4 else torch.zeros(4)),
+        "slice": ({"op": "aten.slice.Tensor",
+                   "args": [{"ref": 0}, 0, {"sym": "s1"}, {"sym": "s1 + 2"}],
+                   "out": [{"dtype": "f32", "shape": [2, 4]}]},
+                  lambda i: x[i:i + 2] if i + 2 <= 4 else torch.zeros(2, 4)),
+    }
+    for name, (nd, want) in graphs.items():
+        out_shape = nd["out"][0]["shape"]
+        g = {"format": "kiln.graph/1", "inputs": [{"dtype": "f32", "shape": [4, 4]}, {"sym": "s1"}],
+             "nodes": [nd, {"op": "aten.mul.Tensor", "args": [{"ref": 2}, 2.0],
+                            "out": [{"dtype": "f32", "shape": out_shape}]}],
+             "outputs": [{"ref": 3}], "symbols": syms}
+        gp = _write(tmp_path, f"{name}.graph.msgpack", g)
+        for i in (1, 2, 1 << 33):
+            io = {"format": "kiln.io/1", "symbols": {"s1": i},
+                  "inputs": [cc.tensor_entry_data(x), {"int": i}],
+                  "outputs": [cc.tensor_entry_data(want(i) * 2)]}
+            iop = _write(tmp_path, f"{name}{i}.io.msgpack", io)
+            r = _run([kilnc, str(gp), "--run", str(iop)])
+            assert r.returncode == 0 and "ok" in r.stdout, (name, i, r.stdout, r.stderr)
+
+
 def test_kilnc_profile_without_run_is_a_usage_error(kilnc):
     g = os.path.join(CORPUS_DIR, "mlp_fwd.graph.msgpack")
     r = _run([kilnc, g, "--profile"])

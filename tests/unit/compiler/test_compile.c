@@ -6900,6 +6900,39 @@ Test(compile, slice_bad_arguments)
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }
 
+/* Declared shapes a kernel would read past its input with, where the
+ * lowering takes a length or a shape from the declaration (a fuzz of the
+ * view ops found each compiling into kernels that read past the buffer or
+ * crashed): a split's parts past the dim's end, more unbind outputs than
+ * the dim holds, an as_strided view past its storage or with a negative
+ * stride, a pad that changes an unpadded dim, a repeat not of self's
+ * sizes times repeats, a slice_backward or select_backward grad_output
+ * not of input_sizes, and a symbolic view whose counts differ for every
+ * size (tests/data/bad): rejected as the interpreter rejects them. */
+Test(compile, declared_shapes_past_the_input)
+{
+	static const badcase_t bad[] = {
+	    {"split_past_end", "the declared 3 elements from 3 (step 1) reach "
+			       "past dim 0's end (4)"},
+	    {"unbind_more_outputs", "the declared 1 elements from 2 (step 1) "
+				    "reach past dim 0's end (2)"},
+	    {"as_strided_past_storage",
+	     "the view reaches past the end of its storage"},
+	    {"as_strided_negative_stride",
+	     "a negative size, stride or storage offset"},
+	    {"pad_unpadded_dim", "dim 0 is not padded but its size changes"},
+	    {"repeat_shape",
+	     "the declared output is not self's sizes times repeats"},
+	    {"slice_backward_grad_shape",
+	     "grad_output must have input_sizes but at dim 0"},
+	    {"select_backward_grad_shape",
+	     "grad_output must have input_sizes but at dim 0"},
+	    {"view_symbolic_count",
+	     "the counts differ for every size the symbols allow"},
+	};
+	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
+}
+
 /* new_empty_strided with a stride list that is not one stride a dim
  * (tests/data/bad/new_empty_strided_stride_len): rejected as the
  * interpreter rejects it. */

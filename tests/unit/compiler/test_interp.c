@@ -263,7 +263,16 @@ static const pname_t corpus[] = {
 #define N_CORPUS (sizeof(corpus) / sizeof(corpus[0]))
 
 /* tests/data/bad/<name>.msgpack (make_op_cases.py writes them) */
-static const pname_t bad_files[] = {{"slice_past_end"},
+static const pname_t bad_files[] = {{"split_past_end"},
+				    {"unbind_more_outputs"},
+				    {"as_strided_past_storage"},
+				    {"as_strided_negative_stride"},
+				    {"pad_unpadded_dim"},
+				    {"repeat_shape"},
+				    {"slice_backward_grad_shape"},
+				    {"select_backward_grad_shape"},
+				    {"view_symbolic_count"},
+				    {"slice_past_end"},
 				    {"narrow_past_end"},
 				    {"narrow_start_range"},
 				    {"as_strided_scatter_outside"},

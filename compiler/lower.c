@@ -963,9 +963,8 @@ bool cir_is_view_op(const char *op)
 	    "aten.split_with_sizes.default", "aten.unbind.int",
 	    "aten.alias.default", "aten.detach.default",
 	    "aten.as_strided.default",
-	    /* views kiln leaves to torch, or that
-	     * AOTAutograd decomposes: a view of
-	     * their input's storage all the same */
+	    /* views kiln leaves to torch, or that AOTAutograd decomposes:
+	     * views of their input's storage all the same */
 	    "aten.narrow.default", "aten.diagonal.default",
 	    "aten.unfold.default", "aten.unflatten.int", "aten.movedim.int",
 	    "aten.swapaxes.default", "aten.chunk.default",

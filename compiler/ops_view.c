@@ -378,22 +378,30 @@ static const sx_t *in_range(cctx_t *c, const kiln_expr_t *x, kiln_dim_t size)
 		      sx_bin(c, OP_LT, v, sx_index(c, ix_dim(c, size))));
 }
 
+/* The elements of a dim of `size` left after the last of len elements
+ * from start, step apart: at least 1 where they lie within it. */
+static const kiln_expr_t *slice_room(cctx_t *c, kiln_dim_t size,
+				     const kiln_expr_t *start,
+				     const kiln_expr_t *len, int64_t step)
+{
+	return ix_sub(c, ix_dim(c, size),
+		      ix_add(c, start,
+			     ix_mul(c, ix_sub(c, len, ix_const(c, 1)),
+				    ix_const(c, step))));
+}
+
 /* t with the elements of dim d at index start + step * i (i its index
  * there) read only where that lies within size, 0 elsewhere: a slice or
  * select whose symbolic start is known only when the graph runs and not
  * provably in range for every size (torch raises there; kiln reads
- * nothing outside the buffer). NULL: t itself where it is provably in
- * range. */
+ * nothing outside the buffer). t itself where it is provably in range
+ * (or NULL). */
 static lt_t *lt_in_range(cctx_t *c, lt_t *t, uint32_t d, kiln_dim_t size,
 			 const kiln_expr_t *start, const kiln_expr_t *len,
 			 int64_t step)
 {
 	int64_t v;
-	const kiln_expr_t *room =
-	    ix_sub(c, ix_dim(c, size),
-		   ix_add(c, start,
-			  ix_mul(c, ix_sub(c, len, ix_const(c, 1)),
-				 ix_const(c, step))));
+	const kiln_expr_t *room = slice_room(c, size, start, len, step);
 	if (t == NULL || (ix_lower_bound(c, start, &v) && v >= 0 &&
 			  ix_lower_bound(c, room, &v) && v >= 1))
 		return t;
@@ -600,11 +608,7 @@ static int lwithin(lnode_t *n, kiln_dim_t size, const kiln_expr_t *start,
 {
 	cctx_t *c = n->c;
 	int64_t v;
-	const kiln_expr_t *room =
-	    ix_sub(c, ix_dim(c, size),
-		   ix_add(c, start,
-			  ix_mul(c, ix_sub(c, len, ix_const(c, 1)),
-				 ix_const(c, step))));
+	const kiln_expr_t *room = slice_room(c, size, start, len, step);
 	bool before = ix_below(c, start, 0);
 	bool some = ix_lower_bound(c, len, &v) && v >= 1;
 	bool past = some && ix_below(c, room, 1);

@@ -745,6 +745,15 @@ int low_split(cctx_t *c, lnode_t *n)
 	rc = ldim(n, d, x->rank, &ud);
 	if (rc != 0)
 		return rc;
+	/* split_with_sizes: each part's declared length is its split size */
+	const kiln_arg_t *ss = n->param == 1 ? larg(n, 1, "split_sizes") : NULL;
+	if (n->param == 1 && (ss == NULL || ss->kind != KILN_ARG_LIST))
+		return lerr(n, KILN_EINVGRAPH,
+			    "split_sizes must be a list of sizes");
+	if (ss != NULL && ss->n != n->n->n_out)
+		return lerr(n, KILN_EINVGRAPH,
+			    "%u split sizes but %u declared outputs", ss->n,
+			    n->n->n_out);
 	const kiln_expr_t *off = ix_const(c, 0);
 	for (uint32_t k = 0; k < n->n->n_out; k++) {
 		uint32_t rank;
@@ -752,6 +761,16 @@ int low_split(cctx_t *c, lnode_t *n)
 		rc = lout_sizes(n, k, &rank, sizes, NULL);
 		if (rc != 0)
 			return rc;
+		if (ss != NULL && rank == x->rank) {
+			const kiln_expr_t *want;
+			rc = lsymint(n, &ss->u.list[k], &want);
+			if (rc != 0)
+				return rc;
+			if (!dim_eq(dim_of(want), sizes[ud]))
+				return lerr(n, KILN_EINVGRAPH,
+					    "out %u is not of its split size",
+					    k);
+		}
 		if (n->param == 2) {
 			rc = lwithin(n, x->sizes[ud], off, ix_const(c, 1), 1,
 				     ud);
@@ -774,6 +793,12 @@ int low_split(cctx_t *c, lnode_t *n)
 		if (rc != 0)
 			return rc;
 	}
+	/* torch makes every part: together they hold all of the dim */
+	const kiln_expr_t *gap = ix_sub(c, ix_dim(c, x->sizes[ud]), off);
+	if (ix_below(c, ix_sub(c, ix_const(c, 0), gap), 0))
+		return lerr(n, KILN_EINVGRAPH,
+			    "the declared outputs leave part of dim %u out",
+			    ud);
 	return 0;
 }
 

@@ -1656,6 +1656,13 @@ def bad_cases():
     yield ("split_past_end", graph1([f44], [node("aten.split.Tensor", [R0, 2, 0],
                                                  [spec("f32", [3, 4]), spec("f32", [3, 4])])], [R1]),
            [z44], "invalid_graph", "computed f32[2,4] but the node declares f32[3,4]")
+    yield ("split_fewer_outputs", graph1([f44], [node("aten.split.Tensor", [R0, 1, 0], [spec("f32", [1, 4])])],
+                                         [R1]),
+           [z44], "invalid_graph", "makes 4 outputs but the node declares 1")
+    yield ("split_with_sizes_mismatch",
+           graph1([f44], [node("aten.split_with_sizes.default", [R0, [1, 3], 0],
+                               [spec("f32", [3, 4]), spec("f32", [1, 4])])], [R1]),
+           [z44], "invalid_graph", "computed f32[1,4] but the node declares f32[3,4]")
     f24 = spec("f32", [2, 4])
     yield ("unbind_more_outputs", graph1([f24], [node("aten.unbind.int", [R0, 0], [spec("f32", [4])] * 6)],
                                          [R1]),

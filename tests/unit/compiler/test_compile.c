@@ -6908,7 +6908,9 @@ Test(compile, slice_bad_arguments)
  * stride, a pad that changes an unpadded dim, a repeat not of self's
  * sizes times repeats, a slice_backward or select_backward grad_output
  * not of input_sizes, and a symbolic view whose counts differ for every
- * size (tests/data/bad): rejected as the interpreter rejects them. */
+ * size; and a split whose declared parts leave part of the dim out or are
+ * not of split_sizes (tests/data/bad): rejected as the interpreter
+ * rejects them. */
 Test(compile, declared_shapes_past_the_input)
 {
 	static const badcase_t bad[] = {
@@ -6929,6 +6931,10 @@ Test(compile, declared_shapes_past_the_input)
 	     "grad_output must have input_sizes but at dim 0"},
 	    {"view_symbolic_count",
 	     "the counts differ for every size the symbols allow"},
+	    /* no read past the input, but not torch's split either */
+	    {"split_fewer_outputs",
+	     "the declared outputs leave part of dim 0 out"},
+	    {"split_with_sizes_mismatch", "out 0 is not of its split size"},
 	};
 	expect_bad_cases(bad, sizeof(bad) / sizeof(bad[0]));
 }

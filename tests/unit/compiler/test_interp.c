@@ -263,7 +263,9 @@ static const pname_t corpus[] = {
 #define N_CORPUS (sizeof(corpus) / sizeof(corpus[0]))
 
 /* tests/data/bad/<name>.msgpack (make_op_cases.py writes them) */
-static const pname_t bad_files[] = {{"split_past_end"},
+static const pname_t bad_files[] = {{"split_fewer_outputs"},
+				    {"split_with_sizes_mismatch"},
+				    {"split_past_end"},
 				    {"unbind_more_outputs"},
 				    {"as_strided_past_storage"},
 				    {"as_strided_negative_stride"},

@@ -1450,7 +1450,7 @@ int low_as_strided(cctx_t *c, lnode_t *n)
 	 * offset, where that is known for every size */
 	const kiln_value_t *bv = &c->g->values[cir_view_base(c->g, self)];
 	const kiln_expr_t *ext = ix_const(c, 1), *last = off;
-	bool empty = false, neg = false;
+	bool empty = false;
 	int64_t v;
 	for (uint32_t k = 0; k < bv->rank; k++) {
 		const kiln_expr_t *bs = ix_dim(c, bv->sizes[k]);
@@ -1459,8 +1459,7 @@ int low_as_strided(cctx_t *c, lnode_t *n)
 			     ix_mul(c, ix_sub(c, bs, ix_const(c, 1)),
 				    ix_dim(c, bv->strides[k])));
 	}
-	bool none = false;
-	neg = ix_below(c, off, 0);
+	bool none = false, neg = ix_below(c, off, 0);
 	for (uint32_t k = 0; k < ns; k++) {
 		neg = neg || ix_below(c, sz[k], 0) || ix_below(c, st[k], 0);
 		none = none || dim_is(dim_of(sz[k]), 0);
